@@ -1,0 +1,342 @@
+"""Manual-ack consumer: basic.qos prefetch, the handler, then settlement, in that order.
+
+For each delivery: decode (a bad body is a business error), de-duplicate by message_id and run
+the handler in one store transaction, commit, then decide (:mod:`amqp_lab.settlement`) and settle:
+basic.ack, basic.nack(requeue=True), or dead-letter. Dead-lettering publishes a DLQ record
+through the DLX with confirms + mandatory and acks the original only after the confirm (classic
+queue dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - in
+``reject`` mode - basic.reject(requeue=False) so the queue's policy DLX moves the message and the
+broker adds x-death.
+
+The handler runs in a worker thread while this thread keeps pumping the connection, so
+heartbeats flow during a long handler (pika #1104). A delivery tag is only ever settled on the
+channel that delivered it: if that channel died meanwhile the settlement is dropped (the broker
+redelivers; de-duplication keeps one effect) instead of killing the new channel with 406 unknown
+delivery tag (bunny #142, aio-pika #98).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pika.exceptions as pe
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.dedup import DedupStore
+from amqp_lab.dlq_record import build_record, record_message, utc_iso
+from amqp_lab.errors import (
+    BrokerUnavailable,
+    ChannelError,
+    ConnectionLost,
+    DeadLetterFailed,
+    InvalidMessage,
+)
+from amqp_lab.message import (
+    DEFAULT_MAX_BODY_BYTES,
+    FIRST_SEEN_HEADER,
+    Task,
+    decode_body,
+    header_attempts,
+)
+from amqp_lab.settings import BrokerSettings
+from amqp_lab.settlement import Action, Outcome, attempt_number, classify, decide
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Task, Any], None]
+"""``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
+transaction that also records the message_id. Raise BusinessError or TransientError (or any
+exception, treated as unknown/transient) to fail."""
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
+    :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
+    deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
+    ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death)."""
+
+    queue: str = "q:tasks"
+    prefetch: int = 10
+    dead_letter: Literal["publish", "reject"] = "publish"
+    dlx: str = "tasks.dlx"
+    idle_exit: float | None = None
+    max_messages: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reconnect_attempts: int = 10
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """One delivery's outcome: processed | duplicate | requeued | dead-lettered | dropped-stale."""
+
+    message_id: str | None
+    outcome: str
+    attempts: int
+    redelivered: bool
+    error: str | None = None
+
+    def line(self) -> str:
+        text = (
+            f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
+            f"redelivered={str(self.redelivered).lower()}"
+        )
+        return text + (f" error={self.error!r}" if self.error else "")
+
+
+class _StaleDelivery(Exception):
+    pass
+
+
+class Consumer:
+    """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        handler: Handler,
+        store: DedupStore,
+        config: ConsumerConfig | None = None,
+        on_report: Callable[[DeliveryReport], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.handler = handler
+        self.store = store
+        self.config = config or ConsumerConfig()
+        self.on_report = on_report or (lambda r: log.info(r.line()))
+        self.clock = clock
+        self.handled = 0
+        self.connections_opened = 0
+        self._stopping = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
+        self._connection: Any = None
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current delivery (thread-safe)."""
+        self._stopping = True
+
+    def run(self) -> int:
+        """Consume until done; return the number of deliveries handled. Reconnects after a lost
+        connection or a channel closed by the broker (e.g. consumer_timeout), with backoff;
+        raises BrokerConnectionError when reconnecting fails ``reconnect_attempts`` times, and
+        DeadLetterFailed when a DLQ record cannot be confirmed (the delivery stays unacked)."""
+        retrying = Retrying(
+            stop=stop_after_attempt(self.config.reconnect_attempts),
+            wait=wait_random_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception_type((ConnectionLost, BrokerUnavailable, _Recoverable)),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._consume_until_done()
+        except _Recoverable as e:
+            raise e.error from e
+        finally:
+            self._executor.shutdown(wait=True)
+            close_quietly(self._connection)
+        return self.handled
+
+    def _consume_until_done(self) -> None:
+        close_quietly(self._connection)
+        self._connection = connection = connect(self.settings)
+        self.connections_opened += 1
+        try:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self.config.prefetch)
+            dl_channel = connection.channel()
+            dl_channel.confirm_delivery()
+            last_activity = time.monotonic()
+            consuming = channel.consume(self.config.queue, inactivity_timeout=0.25)
+        except pe.ChannelClosedByBroker as e:
+            raise translate(e, self.settings) from e  # e.g. 404 no queue: not retried
+        except Exception as e:
+            raise translate(e, self.settings) from e
+        try:
+            for method, properties, body in consuming:
+                if self._stopping or self._done():
+                    break
+                if method is None:
+                    idle = self.config.idle_exit
+                    if idle is not None and time.monotonic() - last_activity >= idle:
+                        break
+                    continue
+                self._handle(connection, channel, dl_channel, method, properties, body)
+                last_activity = time.monotonic()
+                if self._done():
+                    break
+            channel.cancel()  # requeues deliveries prefetched but not handled
+        except DeadLetterFailed:
+            raise
+        except pe.ChannelClosedByBroker as e:
+            log.warning(
+                "channel closed by the broker (%s %s); resubscribing", e.reply_code, e.reply_text
+            )
+            raise _Recoverable(translate(e, self.settings)) from e
+        except _StaleDelivery as e:
+            raise ConnectionLost(str(e)) from e
+        except (pe.AMQPError, OSError) as e:
+            error = translate(e, self.settings)
+            log.warning("consumer connection lost (%s); reconnecting", error)
+            raise error from e
+
+    def _done(self) -> bool:
+        limit = self.config.max_messages
+        return self._stopping or (limit is not None and self.handled >= limit)
+
+    # --- one delivery ----------------------------------------------------------------------------
+    def _handle(
+        self,
+        connection: Any,
+        channel: Any,
+        dl_channel: Any,
+        method: Any,
+        properties: Any,
+        body: bytes,
+    ) -> None:
+        now = self.clock()
+        message_id = properties.message_id or None
+        redelivered = bool(method.redelivered)
+        headers = dict(properties.headers or {})
+        error: BaseException | None = None
+        duplicate = False
+        try:
+            attempts_before = header_attempts(headers)
+        except InvalidMessage as e:
+            attempts_before, error = 0, e
+        attempt = attempt_number(attempts_before, redelivered)
+        first_seen = now if message_id is None else self.store.first_seen(message_id, now)
+        first_seen_at = headers.get(FIRST_SEEN_HEADER)
+        if not isinstance(first_seen_at, str):
+            first_seen_at = utc_iso(first_seen)
+        task: Task | None = None
+        if error is None:
+            try:
+                if message_id is None:
+                    raise InvalidMessage("missing message_id property")
+                task = Task(
+                    message_id=message_id,
+                    body=decode_body(body, properties.content_type, self.config.max_body_bytes),
+                    headers=headers,
+                    exchange=method.exchange,
+                    routing_key=method.routing_key,
+                    redelivered=redelivered,
+                    attempt=attempt,
+                )
+            except InvalidMessage as e:
+                error = e
+        if task is not None:
+            future = self._executor.submit(
+                self.store.process_once, task.message_id, lambda db, t=task: self.handler(t, db)
+            )
+            try:
+                duplicate = not self._wait(connection, future)
+            except Exception as e:
+                error = e
+        settlement = decide(classify(error), attempt, redelivered)
+        self.handled += 1
+        if settlement.action is Action.ACK:
+            self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
+            outcome = "duplicate" if duplicate else "processed"
+        elif settlement.action is Action.REQUEUE:
+            self._settle(
+                channel, lambda: channel.basic_nack(method.delivery_tag, requeue=True), message_id
+            )
+            outcome = "requeued"
+        else:
+            assert error is not None
+            if self.config.dead_letter == "reject":
+                self._settle(
+                    channel,
+                    lambda: channel.basic_reject(method.delivery_tag, requeue=False),
+                    message_id,
+                )
+            else:
+                record = build_record(
+                    body=body,
+                    message_id=message_id,
+                    exchange=method.exchange,
+                    routing_key=method.routing_key,
+                    queue=self.config.queue,
+                    content_type=properties.content_type,
+                    headers=headers,
+                    error=error,
+                    classification=_record_class(settlement.classification),
+                    attempts=settlement.attempts,
+                    first_seen_at=first_seen_at,
+                    failed_at=self.clock(),
+                )
+                self._publish_record(dl_channel, record, method.routing_key)
+                self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
+            outcome = "dead-lettered"
+        self.on_report(
+            DeliveryReport(
+                message_id,
+                outcome,
+                settlement.attempts,
+                redelivered,
+                None if error is None else f"{type(error).__name__}: {error}",
+            )
+        )
+
+    def _wait(self, connection: Any, future: Future[bool]) -> bool:
+        """Wait for the handler while pumping I/O so heartbeats keep flowing."""
+        pump_error: BaseException | None = None
+        while not future.done():
+            if pump_error is None:
+                try:
+                    connection.process_data_events(time_limit=0.1)
+                except Exception as e:
+                    pump_error = e
+            else:
+                time.sleep(0.05)
+        if pump_error is not None:
+            future.exception()  # the handler's work is committed (or rolled back) by now
+            raise _StaleDelivery(f"connection lost while the handler ran: {pump_error}")
+        return future.result()
+
+    def _settle(self, channel: Any, settle: Callable[[], None], message_id: str | None) -> None:
+        """Settle on the delivering channel only; drop the settlement if it has closed."""
+        if not channel.is_open:
+            raise _StaleDelivery(
+                f"message_id={message_id}: channel closed before settlement; "
+                "the broker will redeliver it"
+            )
+        settle()
+
+    def _publish_record(self, dl_channel: Any, record: dict[str, Any], routing_key: str) -> None:
+        message = record_message(record, self.config.dlx, routing_key)
+        try:
+            dl_channel.basic_publish(
+                message.exchange,
+                message.routing_key,
+                message.body,
+                message.properties(),
+                mandatory=True,
+            )
+        except (pe.UnroutableError, pe.NackError, pe.ChannelClosedByBroker) as e:
+            raise DeadLetterFailed(
+                f"DLQ record for message_id={record.get('message_id')} was not confirmed by "
+                f"exchange {self.config.dlx!r} ({type(e).__name__}); the original stays unacked"
+            ) from e
+
+
+class _Recoverable(Exception):
+    """A channel closed by the broker mid-consume (e.g. consumer_timeout): resubscribe."""
+
+    def __init__(self, error: ChannelError | Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _record_class(outcome: Outcome) -> str:
+    """DLQ records say ``business`` or ``transient``; unknown exceptions were retried as
+    transient ones (their error type tells a bug from an outage)."""
+    return "business" if outcome is Outcome.BUSINESS else "transient"

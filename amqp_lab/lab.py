@@ -1,0 +1,38 @@
+"""The lab's demo handler, kept apart from the library: it acts by the task's ``kind``.
+
+* ``ok``: succeeds;
+* ``flaky``: a transient error on its first delivery, success after;
+* ``bad``: a plain exception every time, like a buggy task;
+* ``invalid``: a business error (schema violation).
+
+Each success writes one row to an ``effects`` table inside the dedup transaction, so a test can
+count side effects exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from amqp_lab.errors import BusinessError, TransientError
+from amqp_lab.message import Task
+
+KINDS = ("ok", "bad", "invalid", "flaky")
+
+
+def lab_handler(task: Task, db: Any) -> None:
+    """Handle a lab task; raises TransientError, RuntimeError or BusinessError by kind."""
+    kind = task.kind
+    if kind == "flaky" and task.attempt == 1:
+        raise TransientError("upstream timed out (503) on the first delivery")
+    if kind == "bad":
+        raise RuntimeError("bug in task handler: division by zero")
+    if kind == "invalid":
+        raise BusinessError(f"schema violation: seq {task.body.get('seq')!r} has no 'customer'")
+    if kind not in KINDS:
+        raise BusinessError(f"unknown task kind {kind!r}")
+    db.execute("CREATE TABLE IF NOT EXISTS effects (message_id TEXT, kind TEXT, applied_at REAL)")
+    db.execute(
+        "INSERT INTO effects(message_id, kind, applied_at) VALUES (?, ?, ?)",
+        (task.message_id, kind, time.time()),
+    )

@@ -1,0 +1,166 @@
+"""Confirming publisher: publisher confirms + mandatory + persistent + message_id, always.
+
+Each :meth:`Publisher.publish` ends in exactly one outcome: it returns once the broker confirmed
+the message (basic.ack), or raises
+
+* :class:`~amqp_lab.errors.MessageUnroutable` - basic.return (mandatory): no queue is bound for
+  the routing key; not retried (pika #543: without mandatory the broker would ack and drop it);
+* :class:`~amqp_lab.errors.MessageNacked` - basic.nack on every attempt;
+* :class:`~amqp_lab.errors.PublishFailed` - the connection kept failing until retries ran out;
+* :class:`~amqp_lab.errors.BrokerBlocked` - connection.blocked (memory or disk alarm) for longer
+  than ``blocked_connection_timeout`` (pika #764: otherwise a publisher hangs); not retried;
+* :class:`~amqp_lab.errors.NotFound` / ``AccessRefused`` - the exchange does not exist (404) or
+  the user may not write to it (403): the broker closes the channel, the publisher replaces it
+  and raises at that very publish (pika #971), not retried;
+* ``AuthenticationFailed`` / ``VhostAccessDenied`` - not retried.
+
+Nacks and lost connections are retried with exponential backoff, full jitter and a cap
+(tenacity's ``wait_random_exponential``), republishing the same message_id: a retry after a lost
+confirm may duplicate the message, which the consumer's de-duplication absorbs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pika.exceptions as pe
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.errors import (
+    BrokerUnavailable,
+    ConnectionLost,
+    MessageNacked,
+    MessageUnroutable,
+    PublishFailed,
+)
+from amqp_lab.message import OutgoingMessage
+from amqp_lab.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PublishRetry:
+    """Retry policy for nacks and lost connections: at most ``max_attempts`` publishes of one
+    message, waiting ``uniform(0, min(cap, base * 2**n))`` seconds before retry n."""
+
+    max_attempts: int = 5
+    base: float = 0.2
+    cap: float = 5.0
+
+
+class _Nacked(Exception):
+    pass
+
+
+class Publisher:
+    """A confirming publisher on one connection and channel, opened lazily and replaced after a
+    failure. Not thread-safe (pika's BlockingConnection is not)."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        retry: PublishRetry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.retry = retry or PublishRetry()
+        self._sleep = sleep
+        self._connection: Any = None
+        self._channel: Any = None
+        self.attempts_made = 0  # publishes sent, retries included (for tests and reports)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        close_quietly(self._connection)
+        self._connection = self._channel = None
+
+    def _ensure_channel(self) -> Any:
+        if self._connection is None or not self._connection.is_open:
+            self.close()
+            self._connection = connect(self.settings)
+        if self._channel is None or not self._channel.is_open:
+            try:
+                self._channel = self._connection.channel()
+                self._channel.confirm_delivery()
+            except Exception as e:
+                self.close()
+                raise translate(e, self.settings) from e
+        return self._channel
+
+    def _publish_once(self, message: OutgoingMessage) -> None:
+        channel = self._ensure_channel()
+        self.attempts_made += 1
+        try:
+            channel.basic_publish(
+                message.exchange,
+                message.routing_key,
+                message.body,
+                message.properties(),
+                mandatory=True,
+            )
+        except pe.UnroutableError as e:
+            raise MessageUnroutable(
+                f"unroutable: exchange {message.exchange!r} has no queue bound for routing key "
+                f"{message.routing_key!r}",
+                message.message_id,
+            ) from e
+        except pe.NackError as e:
+            raise _Nacked() from e
+        except pe.ChannelClosedByBroker as e:
+            self._channel = None  # replace the dead channel; the connection is still good
+            raise translate(e, self.settings) from e
+        except Exception as e:
+            self.close()
+            raise translate(e, self.settings) from e
+
+    def publish(self, message: OutgoingMessage) -> None:
+        """Publish ``message`` and wait for its publisher confirm; see the module doc for the
+        errors raised. Returns only when the broker has taken responsibility for it."""
+        if not message.message_id:
+            raise ValueError("every message needs a message_id")
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "message_id=%s publish attempt %d failed (%s); retrying in %.2fs",
+                message.message_id,
+                state.attempt_number,
+                "nacked" if isinstance(error, _Nacked) else error,
+                state.upcoming_sleep,
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retry.max_attempts),
+            wait=wait_random_exponential(multiplier=self.retry.base, max=self.retry.cap),
+            retry=retry_if_exception_type((_Nacked, ConnectionLost, BrokerUnavailable)),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            retrying(self._publish_once, message)
+        except _Nacked as e:
+            raise MessageNacked(
+                f"nacked by the broker {self.retry.max_attempts} times", message.message_id
+            ) from e
+        except (ConnectionLost, BrokerUnavailable) as e:
+            raise PublishFailed(
+                f"not confirmed after {self.retry.max_attempts} attempts: {e}", message.message_id
+            ) from e

@@ -1,0 +1,58 @@
+"""Shared plumbing for the scripts: the environment, one-line errors, exit codes.
+
+Only scripts read environment variables: EAI_AMQP_URL (required; the vhost is its path) and
+EAI_MGMT_URL (optional; defaults to the AMQP host on port 15672 with the same credentials).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from amqp_lab.errors import AmqpLabError, ConfigurationError
+from amqp_lab.settings import BrokerSettings, mask_url
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ALERT = 2
+EXIT_UNROUTABLE = 3
+EXIT_CANNOT_RESTART = 4
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings_from_env(connection_name: str, **overrides: object) -> BrokerSettings:
+    """BrokerSettings from EAI_AMQP_URL / EAI_MGMT_URL; raises ConfigurationError if unset."""
+    url = os.environ.get("EAI_AMQP_URL")
+    if not url:
+        raise ConfigurationError(
+            "EAI_AMQP_URL is not set: export EAI_AMQP_URL=amqp://user:pass@host:5672/vhost "
+            '(or run: eval "$(python scripts/broker.py env)")'
+        )
+    return BrokerSettings(
+        amqp_url=url,
+        management_url=os.environ.get("EAI_MGMT_URL") or None,
+        connection_name=connection_name,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def run(main: Callable[[], int]) -> None:
+    """Run ``main``; an AmqpLabError becomes one masked line on stderr and exit 1."""
+    logging.basicConfig(
+        level=os.environ.get("EAI_LOG_LEVEL", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # pika logs every basic.return at WARNING; our own outcome lines already say "unroutable".
+    logging.getLogger("pika").setLevel(logging.ERROR)
+    try:
+        code = main()
+    except AmqpLabError as e:
+        print(f"error: {mask_url(str(e))}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The whole flow on a real broker, step by step, with a readable summary.
+
+With EAI_AMQP_URL set, everything happens in that URL's vhost and nowhere else. Without it, the
+demo starts scripts/broker.py's dedicated node (if it is not running) and uses a fresh vhost
+``amqp-lab-demo`` on it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+from _cli import ROOT, run
+
+from amqp_lab.local_broker import LocalBroker
+from amqp_lab.management import ManagementClient
+from amqp_lab.settings import BrokerSettings
+
+DEMO_VHOST = "amqp-lab-demo"
+summary: list[str] = []
+
+
+def step(title: str) -> None:
+    print(f"\n=== {title}", flush=True)
+
+
+def script(name: str, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    print(f"$ python scripts/{name} {' '.join(args)}".rstrip(), flush=True)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args],
+                            capture_output=True, text=True, timeout=600, check=False)
+    for line in (result.stdout + result.stderr).splitlines():
+        print(f"    {line}")
+    print(f"    (exit {result.returncode})", flush=True)
+    if result.returncode not in ok:
+        raise SystemExit(f"demo stopped: scripts/{name} exited {result.returncode}")
+    return result
+
+
+def count(text: str, needle: str) -> int:
+    return sum(needle in line for line in text.splitlines())
+
+
+def prepare_broker() -> None:
+    if os.environ.get("EAI_AMQP_URL"):
+        settings = BrokerSettings(os.environ["EAI_AMQP_URL"], os.environ.get("EAI_MGMT_URL"))
+        print(f"broker from EAI_AMQP_URL: {settings.masked_url}")
+        return
+    node = LocalBroker()
+    print(f"EAI_AMQP_URL is unset: using the dedicated node {node.nodename} "
+          f"(127.0.0.1:{node.amqp_port}); starting it if needed (about 10 s)", flush=True)
+    node.start()
+    root = BrokerSettings(node.amqp_url, node.management_url)
+    with ManagementClient(root) as api:
+        api.delete_vhost(DEMO_VHOST)
+        api.create_vhost(DEMO_VHOST)
+        api.set_permissions(DEMO_VHOST, root.username)
+    demo = root.with_vhost(DEMO_VHOST)
+    os.environ["EAI_AMQP_URL"] = demo.amqp_url
+    os.environ["EAI_MGMT_URL"] = node.management_url
+    print(f"fresh vhost {DEMO_VHOST!r}: {demo.masked_url}")
+
+
+def main() -> int:
+    step("1. broker")
+    prepare_broker()
+
+    step("2. topology (applied twice: the second run changes nothing), then verified")
+    script("setup_topology.py")
+    second = script("setup_topology.py")
+    script("setup_topology.py", "--verify")
+    summary.append(f"topology: second apply -> {second.stdout.strip().splitlines()[-1]}")
+
+    step("3. publish with confirms + mandatory: ok x3, flaky, bad, invalid, a duplicate pair")
+    confirmed = 0
+    for kind, n in (("ok", "3"), ("flaky", "1"), ("bad", "1"), ("invalid", "1")):
+        confirmed += count(script("publish.py", "--kind", kind, "--count", n).stdout,
+                           "status=confirmed")
+    dup = f"demo-dup-{uuid.uuid4().hex[:8]}"
+    confirmed += count(script("publish.py", "--message-id", dup, "--count", "2").stdout,
+                       "status=confirmed")
+    unroutable = script("publish.py", "--routing-key", "nowhere", ok=(3,))
+    summary.append(f"publish: {confirmed} confirmed; routing key 'nowhere' -> exit "
+                   f"{unroutable.returncode} (unroutable, not retried)")
+
+    step("4. worker: manual ack after the work, prefetch 10, exits after 2 s idle")
+    worker = script("worker.py", "--idle-exit", "2").stdout
+    outcomes = {o: count(worker, f"outcome={o} ") for o in
+                ("processed", "duplicate", "requeued", "dead-lettered")}
+    summary.append("worker: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
+
+    step("5. DLQ: listed without consuming, as JSON, and the depth alert")
+    script("dlq.py")
+    script("dlq.py", "--json")
+    alert = script("dlq.py", "--alert-depth", "0", ok=(0, 2))
+    summary.append(f"DLQ: {alert.stdout.strip()}")
+
+    step("6. replay (explicit, never automatic): dry run, then all")
+    script("replay.py", "--all", "--dry-run")
+    replayed = script("replay.py", "--all")
+    summary.append(f"replay: {replayed.stdout.strip().splitlines()[-1]}")
+    after = script("worker.py", "--idle-exit", "2").stdout
+    summary.append(
+        f"after replay the cause is still there: {count(after, 'outcome=dead-lettered')} "
+        "dead-lettered again (which is why nothing consumes the DLQ automatically)"
+    )
+
+    step("7. durability: persistent vs transient messages across a real broker restart")
+    durable = script("restart_demo.py", "--count", "10", ok=(0, 4))
+    summary.append(f"durability: {durable.stdout.strip().splitlines()[-1]}")
+
+    step("summary")
+    for line in summary:
+        print(f"  - {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)

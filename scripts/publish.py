@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Publish lab tasks with publisher confirms, mandatory and persistence.
+
+One line per message: ``message_id=<id> status=confirmed|unroutable|nacked|failed``.
+Exit 0 only if every message was confirmed; 3 if any was unroutable; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+from _cli import EXIT_FAILED, EXIT_OK, EXIT_UNROUTABLE, run, settings_from_env
+
+from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
+from amqp_lab.lab import KINDS
+from amqp_lab.message import task_message
+from amqp_lab.publisher import Publisher, PublishRetry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=KINDS, default="ok")
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--message-id", help="default: a new uuid4 per message")
+    parser.add_argument("--routing-key", default="task")
+    parser.add_argument("--exchange", default="tasks")
+    parser.add_argument(
+        "--transient", action="store_true", help="delivery_mode 1 (only for the durability demo)"
+    )
+    parser.add_argument("--retries", type=int, default=5, help="publish attempts per message")
+    parser.add_argument(
+        "--blocked-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a memory alarm may block us before we fail",
+    )
+    args = parser.parse_args()
+    if args.count < 1:
+        parser.error("--count must be >= 1")
+    settings = settings_from_env(
+        "amqp-lab publish", blocked_connection_timeout=args.blocked_timeout
+    )
+    unroutable = failed = 0
+    with Publisher(settings, PublishRetry(max_attempts=args.retries)) as publisher:
+        for seq in range(1, args.count + 1):
+            message = task_message(
+                args.kind,
+                seq,
+                args.message_id or str(uuid.uuid4()),
+                exchange=args.exchange,
+                routing_key=args.routing_key,
+                persistent=not args.transient,
+            )
+            status, detail, stop = "confirmed", "", False
+            try:
+                publisher.publish(message)
+            except MessageUnroutable as e:
+                status, detail = "unroutable", str(e)
+                unroutable += 1
+            except MessageNacked as e:
+                status, detail = "nacked", str(e)
+                failed += 1
+            except AmqpLabError as e:
+                # PublishFailed after retries, BrokerBlocked, a missing exchange, bad credentials:
+                # the next message would meet the same fate, so stop here.
+                status, detail, stop = "failed", str(e), True
+                failed += 1
+            line = f"message_id={message.message_id} status={status}"
+            print(line + (f" error={detail!r}" if detail else ""), flush=True)
+            if stop:
+                if seq < args.count:
+                    print(f"stopped: {args.count - seq} message(s) not sent")
+                break
+    if unroutable:
+        return EXIT_UNROUTABLE
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,222 @@
+"""Test brokers: one RabbitMQ for the whole test session, chosen in this order.
+
+1. ``EAI_AMQP_URL`` is set: that existing broker (restart tests skip: we cannot restart it).
+2. A Docker engine is reachable: testcontainers' RabbitMqContainer with our rabbitmq.conf
+   mounted. Image: ``AMQP_LAB_RABBITMQ_IMAGE`` if set, else the official
+   ``rabbitmq:3.13-management`` if present or pullable, else the locally built
+   ``amqp-lab/rabbitmq:bookworm`` (scripts/build_test_image.sh).
+3. Otherwise a dedicated local node from the OS's rabbitmq-server (amqp_lab.local_broker), with
+   a visible warning.
+
+``AMQP_LAB_TEST_BROKER=env|testcontainers|local`` forces one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from amqp_lab.local_broker import LocalBroker
+from amqp_lab.management import ManagementClient
+from amqp_lab.settings import BrokerSettings, mask_url
+
+ROOT = Path(__file__).resolve().parent.parent
+OFFICIAL_IMAGE = "rabbitmq:3.13-management"
+LOCAL_IMAGE = "amqp-lab/rabbitmq:bookworm"
+
+
+@dataclass
+class TestBroker:
+    """A running broker: ``endpoint()`` gives (host, amqp_port, management_base) now - after a
+    container restart the published ports can change."""
+
+    kind: str
+    endpoint: Callable[[], tuple[str, int, str]]
+    username: str = "guest"
+    password: str = "guest"
+    restart_fn: Callable[[], None] | None = None
+    kill_fn: Callable[[], None] | None = None
+    close_fn: Callable[[], None] = lambda: None
+    notes: list[str] = field(default_factory=list)
+    version: str = "?"
+
+    __test__ = False  # not a pytest test class
+
+    def settings(self, vhost: str = "/", **overrides: Any) -> BrokerSettings:
+        host, port, mgmt = self.endpoint()
+        url = (f"amqp://{quote(self.username, safe='')}:{quote(self.password, safe='')}@"
+               f"{host}:{port}/{quote(vhost, safe='')}")
+        return BrokerSettings(amqp_url=url, management_url=mgmt, **overrides)
+
+    def admin(self) -> ManagementClient:
+        return ManagementClient(self.settings())
+
+    def describe(self) -> str:
+        host, port, mgmt = self.endpoint()
+        return (f"{self.kind} RabbitMQ {self.version} at amqp://{host}:{port} "
+                f"(management {mgmt})")
+
+    def restart(self) -> None:
+        assert self.restart_fn is not None
+        self.restart_fn()
+        wait_ready(self)
+
+    def kill_and_start(self) -> None:
+        assert self.kill_fn is not None
+        self.kill_fn()
+        wait_ready(self)
+
+
+def wait_ready(broker: TestBroker, timeout: float = 120) -> None:
+    """Poll until AMQP accepts TCP and the management API lists a node with mem_limit."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            host, port, mgmt = broker.endpoint()
+            socket.create_connection((host, port), timeout=1).close()
+            nodes = httpx.get(f"{mgmt}/api/nodes", auth=(broker.username, broker.password),
+                              timeout=5).json()
+            if nodes and nodes[0].get("mem_limit") and nodes[0].get("running", True):
+                with broker.admin() as api:
+                    broker.version = api.overview().get("rabbitmq_version", "?")
+                return
+        except Exception as e:
+            last = e
+        time.sleep(0.5)
+    raise RuntimeError(f"broker ({broker.kind}) not ready after {timeout}s: {last}")
+
+
+def from_env(url: str) -> TestBroker:
+    parts = urlsplit(url)
+    settings = BrokerSettings(url, os.environ.get("EAI_MGMT_URL") or None)
+    mgmt = settings.management_base
+    user, password = settings.username, settings.password
+    assert parts.hostname
+    broker = TestBroker("EAI_AMQP_URL", lambda: (settings.host, settings.port, mgmt),
+                        user, password)
+    broker.notes.append(f"existing broker from EAI_AMQP_URL={mask_url(url)}; restart tests skip")
+    return broker
+
+
+def docker_reachable() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+        return True
+    except Exception:
+        return False
+
+
+def _choose_image() -> str:
+    import docker
+
+    if os.environ.get("AMQP_LAB_RABBITMQ_IMAGE"):
+        return os.environ["AMQP_LAB_RABBITMQ_IMAGE"]
+    client = docker.from_env()
+    try:
+        for image in (OFFICIAL_IMAGE, LOCAL_IMAGE):
+            try:
+                client.images.get(image)
+                return image
+            except docker.errors.ImageNotFound:
+                pass
+        try:
+            client.images.pull(OFFICIAL_IMAGE)
+            return OFFICIAL_IMAGE
+        except docker.errors.APIError as e:
+            raise RuntimeError(
+                f"no RabbitMQ image: {OFFICIAL_IMAGE} cannot be pulled ({e}) and {LOCAL_IMAGE} "
+                "is not built; run: bash scripts/build_test_image.sh"
+            ) from e
+    finally:
+        client.close()
+
+
+def from_testcontainers() -> TestBroker:
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    from testcontainers.community.rabbitmq import RabbitMqContainer
+
+    image = _choose_image()
+    container = (
+        RabbitMqContainer(image)
+        .with_exposed_ports(15672)
+        .with_volume_mapping(str(ROOT / "rabbitmq.conf"), "/etc/rabbitmq/rabbitmq.conf", "ro")
+    )
+    container.start()
+
+    def endpoint() -> tuple[str, int, str]:
+        # Published ports bind every host address; loopback keeps test traffic on this machine.
+        amqp = int(container.get_exposed_port(5672))
+        mgmt = int(container.get_exposed_port(15672))
+        return "127.0.0.1", amqp, f"http://127.0.0.1:{mgmt}"
+
+    wrapped = container.get_wrapped_container()
+    broker = TestBroker(
+        "testcontainers",
+        endpoint,
+        restart_fn=lambda: wrapped.restart(timeout=30),
+        kill_fn=lambda: _kill_container(wrapped),
+        close_fn=container.stop,
+    )
+    broker.notes.append(f"testcontainers RabbitMqContainer, image {image}")
+    return broker
+
+
+def from_local_node() -> TestBroker:
+    node = LocalBroker(
+        nodename="amqplabtest@localhost",
+        amqp_port=5692,
+        management_port=15692,
+        dist_port=25692,
+        base_dir=ROOT / ".broker" / "test-node",
+    )
+    node.start()
+    broker = TestBroker(
+        "dedicated node",
+        lambda: ("127.0.0.1", node.amqp_port, node.management_url),
+        restart_fn=node.restart,
+        kill_fn=lambda: _kill_node(node),
+        close_fn=node.stop,
+    )
+    broker.notes.append(f"dedicated node {node.nodename} from the OS's rabbitmq-server")
+    return broker
+
+
+def _kill_container(container: Any) -> None:
+    container.kill(signal="SIGKILL")
+    container.start()
+
+
+def _kill_node(node: LocalBroker) -> None:
+    node.kill()
+    node.start()
+
+
+def start_test_broker() -> TestBroker:
+    forced = os.environ.get("AMQP_LAB_TEST_BROKER", "")
+    url = os.environ.get("EAI_AMQP_URL")
+    if forced == "env" or (not forced and url):
+        if not url:
+            raise RuntimeError("AMQP_LAB_TEST_BROKER=env but EAI_AMQP_URL is unset")
+        broker = from_env(url)
+    elif forced == "testcontainers" or (not forced and docker_reachable()):
+        broker = from_testcontainers()
+    else:
+        broker = from_local_node()
+        if not forced:
+            broker.notes.insert(0, "WARNING: no Docker engine reachable; testcontainers path "
+                                   "NOT exercised, using the dedicated local node instead")
+    wait_ready(broker)
+    return broker

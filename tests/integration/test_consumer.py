@@ -1,0 +1,211 @@
+"""worker.py and Consumer: every outcome with exact delivery counts, DLQ records, reject mode,
+de-duplication, prefetch, a consumer killed before its ack, heartbeats during a long handler."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.management import ManagementClient
+from amqp_lab.message import Task, task_message
+from amqp_lab.publisher import Publisher
+from amqp_lab.settings import BrokerSettings
+from tests.support import ROOT, get_all, parse_lines, ready_count, run_script, script_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def publish(settings: BrokerSettings, *specs: tuple[str, str]) -> None:
+    """Publish (kind, message_id) pairs with confirms."""
+    with Publisher(settings) as publisher:
+        for seq, (kind, message_id) in enumerate(specs, 1):
+            publisher.publish(task_message(kind, seq, message_id))
+
+
+def run_worker(settings: BrokerSettings, tmp_path: Path, *args: str) -> list[dict[str, str]]:
+    result = run_script(settings, "worker.py", "--idle-exit", "1.5",
+                        "--dedup-path", str(tmp_path / "dedup.sqlite3"), *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return parse_lines(result.stdout)
+
+
+def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, str, str]]:
+    return [(r["outcome"], r["attempts"], r["redelivered"]) for r in rows
+            if r["message_id"] == message_id]
+
+
+def test_every_outcome_with_exact_delivery_counts(topology: BrokerSettings, tmp_path: Path) -> None:
+    """Scenario S8 too: the transient failure is delivered exactly twice, never looped."""
+    publish(topology, ("ok", "m-ok"), ("flaky", "m-flaky"), ("bad", "m-bad"),
+            ("invalid", "m-invalid"))
+    rows = run_worker(topology, tmp_path, "--prefetch", "1")
+    assert lines_for(rows, "m-ok") == [("processed", "1", "false")]
+    assert lines_for(rows, "m-flaky") == [("requeued", "1", "false"),
+                                          ("processed", "2", "true")]
+    assert lines_for(rows, "m-bad") == [("requeued", "1", "false"),
+                                        ("dead-lettered", "2", "true")]
+    assert lines_for(rows, "m-invalid") == [("dead-lettered", "1", "false")]
+    assert len(rows) == 6
+    assert ready_count(topology, "q:tasks") == 0
+    records = {p.message_id: json.loads(body) for _, p, body in get_all(topology, "q:tasks:dlq")}
+    assert set(records) == {"m-bad", "m-invalid"}
+    assert records["m-bad"]["attempts"] == 2
+    assert records["m-bad"]["classification"] == "transient"
+    assert records["m-bad"]["error"]["type"] == "RuntimeError"
+    assert records["m-invalid"]["attempts"] == 1
+    assert records["m-invalid"]["classification"] == "business"
+    with sqlite3.connect(tmp_path / "dedup.sqlite3") as db:
+        effects = sorted(r[0] for r in db.execute("SELECT message_id FROM effects"))
+    assert effects == ["m-flaky", "m-ok"]
+
+
+def test_dlq_record_carries_what_a_person_needs(topology: BrokerSettings, tmp_path: Path) -> None:
+    publish(topology, ("bad", "m-bad"))
+    run_worker(topology, tmp_path)
+    ((method, props, body),) = get_all(topology, "q:tasks:dlq")
+    record = json.loads(body)
+    assert props.message_id == "m-bad"
+    assert props.type == "dlq-record"
+    assert props.delivery_mode == 2
+    assert record["message_id"] == "m-bad"
+    assert record["payload"] == {"kind": "bad", "seq": 1}
+    assert record["error"] == {"type": "RuntimeError",
+                               "message": "bug in task handler: division by zero"}
+    assert record["attempts"] == 2
+    assert record["original"] == {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"}
+    first = datetime.fromisoformat(record["first_seen_at"])
+    last = datetime.fromisoformat(record["last_failed_at"])
+    assert record["first_seen_at"].endswith("Z")
+    assert first.tzinfo is not None
+    assert 0 < (last - first).total_seconds() < 30  # first receipt kept across the redelivery
+
+
+def test_reject_mode_lets_the_policy_dlx_add_x_death(topology: BrokerSettings,
+                                                    tmp_path: Path) -> None:
+    publish(topology, ("invalid", "m-invalid"), ("bad", "m-bad"))
+    rows = run_worker(topology, tmp_path, "--dead-letter", "reject")
+    assert lines_for(rows, "m-invalid") == [("dead-lettered", "1", "false")]
+    assert lines_for(rows, "m-bad")[-1] == ("dead-lettered", "2", "true")
+    dead = {p.message_id: (p, body) for _, p, body in get_all(topology, "q:tasks:dlq")}
+    assert set(dead) == {"m-invalid", "m-bad"}
+    props, body = dead["m-invalid"]
+    assert json.loads(body) == {"kind": "invalid", "seq": 1}  # the original message, moved
+    (death,) = props.headers["x-death"]
+    assert death["reason"] == "rejected"
+    assert death["queue"] == "q:tasks"
+    assert death["exchange"] == "tasks"
+    assert death["routing-keys"] == ["task"]
+    assert death["count"] == 1
+
+
+def test_duplicate_message_id_is_processed_once(topology: BrokerSettings, tmp_path: Path) -> None:
+    publish(topology, ("ok", "same-id"), ("ok", "same-id"), ("ok", "other"))
+    rows = run_worker(topology, tmp_path)
+    assert lines_for(rows, "same-id") == [("processed", "1", "false"),
+                                          ("duplicate", "1", "false")]
+    with sqlite3.connect(tmp_path / "dedup.sqlite3") as db:
+        count = db.execute("SELECT count(*) FROM effects WHERE message_id='same-id'").fetchone()
+    assert count == (1,)
+    assert ready_count(topology, "q:tasks") == 0
+
+
+def test_prefetch_bounds_unacked_deliveries(topology: BrokerSettings, tmp_path: Path) -> None:
+    publish(topology, *[("ok", f"m-{i}") for i in range(20)])
+    release = threading.Event()
+
+    def held(task: Task, db: Any) -> None:
+        release.wait(60)
+
+    store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
+    consumer = Consumer(topology, held, store,
+                        ConsumerConfig(prefetch=5, idle_exit=1.0), on_report=lambda r: None)
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    try:
+        with ManagementClient(topology) as api:
+            stats = wait_for(
+                lambda: (q := api.queue(topology.vhost, "q:tasks"))
+                and q.get("messages_unacknowledged") == 5 and q.get("messages_ready") == 15
+                and q,
+                what="5 unacked / 15 ready",
+            )
+        assert stats["messages_unacknowledged"] == 5
+    finally:
+        release.set()
+        thread.join(60)
+    assert consumer.handled == 20
+    assert ready_count(topology, "q:tasks") == 0
+
+
+KILLABLE_CONSUMER = textwrap.dedent("""
+    import sys, time
+    from amqp_lab.consumer import Consumer, ConsumerConfig
+    from amqp_lab.dedup import SqliteDedupStore
+    from amqp_lab.settings import BrokerSettings
+    import os
+
+    def handler(task, db):
+        print("handling", task.message_id, flush=True)
+        time.sleep(600)
+
+    settings = BrokerSettings(os.environ["EAI_AMQP_URL"], os.environ.get("EAI_MGMT_URL"))
+    Consumer(settings, handler, SqliteDedupStore(sys.argv[1]), ConsumerConfig(prefetch=1)).run()
+""")
+
+
+def test_consumer_killed_before_ack_gets_redelivery(topology: BrokerSettings,
+                                                   tmp_path: Path) -> None:
+    publish(topology, ("ok", "m-killed"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_CONSUMER, str(tmp_path / "killed.sqlite3")],
+        env=script_env(topology), stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "handling m-killed"
+        assert ready_count(topology, "q:tasks") == 0  # it is unacked, held by the consumer
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    wait_for(lambda: ready_count(topology, "q:tasks") == 1, what="message back in q:tasks")
+    rows = run_worker(topology, tmp_path)
+    assert lines_for(rows, "m-killed") == [("processed", "2", "true")]
+
+
+def test_heartbeats_flow_while_a_long_handler_runs(topology: BrokerSettings,
+                                                  tmp_path: Path) -> None:
+    """Scenario S1 (pika #1104): heartbeat 2 s, a handler of 10 s; no reconnect, acked once."""
+    publish(topology, ("ok", "m-long"))
+    reports: list[DeliveryReport] = []
+
+    def slow(task: Task, db: Any) -> None:
+        threading.Event().wait(10)
+
+    settings = BrokerSettings(topology.amqp_url, topology.management_url, heartbeat=2)
+    store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
+    consumer = Consumer(settings, slow, store, ConsumerConfig(prefetch=1, idle_exit=1.0),
+                        on_report=reports.append)
+    assert consumer.run() == 1
+    assert consumer.connections_opened == 1
+    assert [(r.message_id, r.outcome, r.attempts) for r in reports] == [("m-long", "processed", 1)]
+    assert ready_count(topology, "q:tasks") == 0
+
+
+def test_max_messages_stops_and_leaves_the_rest(topology: BrokerSettings, tmp_path: Path) -> None:
+    publish(topology, *[("ok", f"m-{i}") for i in range(5)])
+    rows = run_worker(topology, tmp_path, "--max-messages", "2", "--prefetch", "3")
+    assert [r["outcome"] for r in rows] == ["processed", "processed"]
+    assert wait_for(lambda: ready_count(topology, "q:tasks") == 3, what="3 left in q:tasks")

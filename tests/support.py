@@ -1,0 +1,75 @@
+"""Helpers for integration tests: run scripts as a user would, poll for eventual states."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_lab.connection import open_channel
+from amqp_lab.settings import BrokerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script_env(settings: BrokerSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["EAI_AMQP_URL"] = settings.amqp_url
+    if settings.management_url:
+        env["EAI_MGMT_URL"] = settings.management_url
+    return env
+
+
+def run_script(
+    settings: BrokerSettings, name: str, *args: str, timeout: float = 60, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run scripts/<name> as a user would, with EAI_AMQP_URL / EAI_MGMT_URL for ``settings``."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        env=script_env(settings), capture_output=True, text=True, timeout=timeout, **kw,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.2,
+             what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+def ready_count(settings: BrokerSettings, queue: str) -> int:
+    """Ready messages in ``queue`` now (queue.declare passive; exact, no statistics lag)."""
+    with open_channel(settings) as channel:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def get_all(settings: BrokerSettings, queue: str) -> list[tuple[Any, Any, bytes]]:
+    """Consume (basic.get + ack) every message in ``queue``: [(method, properties, body)]."""
+    messages = []
+    with open_channel(settings) as channel:
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return messages
+            messages.append((method, properties, body))
+
+
+def parse_lines(text: str) -> list[dict[str, str]]:
+    """Parse ``key=value`` lines (the scripts' outcome lines) into dicts."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("message_id="):
+            rows.append(dict(part.split("=", 1) for part in line.split(" ") if "=" in part))
+    return rows

@@ -1,0 +1,182 @@
+"""SqliteDedupStore: claim + handler writes in one transaction, first_seen, is_processed."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.errors import DedupStoreError
+
+pytestmark = pytest.mark.unit
+
+
+class HandlerFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "dedup.sqlite3"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[SqliteDedupStore]:
+    store = SqliteDedupStore(db_path)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def notes_store(store: SqliteDedupStore) -> SqliteDedupStore:
+    """The store with a ``notes`` table for the handler's own writes."""
+    store.process_once("setup", lambda db: db.execute("CREATE TABLE notes (text TEXT)"))
+    return store
+
+
+def _notes(path: Path) -> list[str]:
+    """The committed notes, read through a separate connection."""
+    with closing(sqlite3.connect(path)) as db:
+        return [row[0] for row in db.execute("SELECT text FROM notes ORDER BY rowid")]
+
+
+def _fail(db: Any) -> None:
+    db.execute("INSERT INTO notes VALUES ('half-done')")
+    raise HandlerFailed("handler crashed")
+
+
+# --- process_once ---------------------------------------------------------------------------
+def test_first_call_runs_work_and_returns_true(store: SqliteDedupStore) -> None:
+    calls: list[str] = []
+    assert store.process_once("m-1", lambda db: calls.append("m-1")) is True
+    assert calls == ["m-1"]
+
+
+def test_second_call_for_the_same_id_skips_work_and_returns_false(
+    store: SqliteDedupStore,
+) -> None:
+    calls: list[str] = []
+    store.process_once("m-1", lambda db: calls.append("first"))
+    assert store.process_once("m-1", lambda db: calls.append("second")) is False
+    assert calls == ["first"]
+
+
+def test_different_ids_are_independent(store: SqliteDedupStore) -> None:
+    assert [store.process_once(m, lambda db: None) for m in ("m-1", "m-2", "m-1")] == [
+        True,
+        True,
+        False,
+    ]
+
+
+def test_work_receives_the_store_connection(store: SqliteDedupStore) -> None:
+    seen: list[Any] = []
+    store.process_once("m-1", seen.append)
+    assert [type(db) for db in seen] == [sqlite3.Connection]
+
+
+def test_failed_work_re_raises(store: SqliteDedupStore) -> None:
+    def boom(db: Any) -> None:
+        raise HandlerFailed("handler crashed")
+
+    with pytest.raises(HandlerFailed, match=r"^handler crashed$"):
+        store.process_once("m-1", boom)
+
+
+def test_failed_work_rolls_back_the_claim(store: SqliteDedupStore) -> None:
+    def boom(db: Any) -> None:
+        raise HandlerFailed("handler crashed")
+
+    with pytest.raises(HandlerFailed):
+        store.process_once("m-1", boom)
+    calls: list[str] = []
+    assert store.process_once("m-1", lambda db: calls.append("retry")) is True
+    assert calls == ["retry"]
+
+
+def test_failed_work_rolls_back_its_own_writes(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    with pytest.raises(HandlerFailed):
+        notes_store.process_once("m-1", _fail)
+    assert _notes(db_path) == []
+
+
+def test_successful_work_writes_are_committed(notes_store: SqliteDedupStore, db_path: Path) -> None:
+    notes_store.process_once("m-1", lambda db: db.execute("INSERT INTO notes VALUES ('done')"))
+    assert _notes(db_path) == ["done"]
+
+
+def test_duplicate_does_not_repeat_the_writes(notes_store: SqliteDedupStore, db_path: Path) -> None:
+    for _ in range(3):
+        notes_store.process_once("m-1", lambda db: db.execute("INSERT INTO notes VALUES ('x')"))
+    assert _notes(db_path) == ["x"]
+
+
+def test_claim_survives_reopening_the_store(db_path: Path) -> None:
+    with closing(SqliteDedupStore(db_path)) as first:
+        first.process_once("m-1", lambda db: None)
+    with closing(SqliteDedupStore(db_path)) as second:
+        assert second.process_once("m-1", lambda db: None) is False
+
+
+# --- is_processed ---------------------------------------------------------------------------
+def test_is_processed_is_false_for_an_unknown_id(store: SqliteDedupStore) -> None:
+    assert store.is_processed("m-1") is False
+
+
+def test_is_processed_after_success(store: SqliteDedupStore) -> None:
+    store.process_once("m-1", lambda db: None)
+    assert (store.is_processed("m-1"), store.is_processed("m-2")) == (True, False)
+
+
+def test_is_not_processed_after_failed_work(store: SqliteDedupStore) -> None:
+    def boom(db: Any) -> None:
+        raise HandlerFailed("handler crashed")
+
+    with pytest.raises(HandlerFailed):
+        store.process_once("m-1", boom)
+    assert store.is_processed("m-1") is False
+
+
+# --- first_seen --------------------------------------------------------------------------------
+def test_first_seen_records_now_the_first_time(store: SqliteDedupStore) -> None:
+    assert store.first_seen("m-1", 1000.5) == 1000.5
+
+
+def test_first_seen_returns_the_first_time_on_later_calls(store: SqliteDedupStore) -> None:
+    store.first_seen("m-1", 1000.5)
+    assert [store.first_seen("m-1", now) for now in (2000.0, 500.0)] == [1000.5, 1000.5]
+
+
+def test_first_seen_is_per_message_id(store: SqliteDedupStore) -> None:
+    store.first_seen("m-1", 1000.0)
+    assert store.first_seen("m-2", 2000.0) == 2000.0
+
+
+def test_first_seen_is_independent_of_processing(store: SqliteDedupStore) -> None:
+    store.first_seen("m-1", 1000.0)
+    assert store.is_processed("m-1") is False
+
+
+# --- opening -----------------------------------------------------------------------------------
+def test_store_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "dedup.sqlite3"
+    with closing(SqliteDedupStore(path)):
+        pass
+    assert path.is_file()
+
+
+def test_store_uses_wal_mode(store: SqliteDedupStore, db_path: Path) -> None:
+    with closing(sqlite3.connect(db_path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_unopenable_path_raises_dedup_store_error(tmp_path: Path) -> None:
+    with pytest.raises(DedupStoreError, match=rf"^cannot open dedup store {tmp_path}: "):
+        SqliteDedupStore(tmp_path)

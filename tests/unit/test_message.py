@@ -1,0 +1,277 @@
+"""Messages as values: task_message properties, decode_body, header_attempts."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amqp_lab import message
+from amqp_lab.errors import BusinessError, InvalidMessage
+from amqp_lab.message import (
+    JSON,
+    OutgoingMessage,
+    decode_body,
+    encode_json,
+    header_attempts,
+    task_message,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 1795974062.75  # 2026-11-29T17:41:02.750Z
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(message, "time", SimpleNamespace(time=lambda: NOW))
+
+
+# --- task_message and its properties ---------------------------------------------------------
+def test_task_message_body_is_compact_sorted_json() -> None:
+    assert task_message("resize", 7, "m-7").body == b'{"kind":"resize","seq":7}'
+
+
+def test_task_message_routing_defaults() -> None:
+    msg = task_message("resize", 7, "m-7")
+    assert (msg.exchange, msg.routing_key) == ("tasks", "task")
+
+
+def test_task_message_routing_overrides() -> None:
+    msg = task_message("resize", 7, "m-7", exchange="other", routing_key="rk")
+    assert (msg.exchange, msg.routing_key) == ("other", "rk")
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_task_message_properties() -> None:
+    props = task_message("resize", 7, "m-7").properties()
+    assert (
+        props.delivery_mode,
+        props.message_id,
+        props.content_type,
+        props.headers,
+        props.timestamp,
+        props.type,
+    ) == (2, "m-7", "application/json", {"attempts": 0}, 1795974062, None)
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_timestamp_is_whole_seconds() -> None:
+    timestamp = task_message("resize", 7, "m-7").properties().timestamp
+    assert type(timestamp) is int
+    assert timestamp == int(NOW)
+
+
+def test_non_persistent_task_message_has_delivery_mode_1() -> None:
+    assert task_message("resize", 7, "m-7", persistent=False).properties().delivery_mode == 1
+
+
+def test_task_message_generates_a_uuid4_message_id() -> None:
+    message_id = task_message("resize", 7).message_id
+    assert uuid.UUID(message_id).version == 4
+    assert str(uuid.UUID(message_id)) == message_id
+
+
+def test_task_message_ids_are_unique() -> None:
+    assert task_message("a", 1).message_id != task_message("a", 1).message_id
+
+
+def test_explicit_timestamp_is_kept() -> None:
+    msg = OutgoingMessage(body=b"{}", message_id="m", timestamp=1234567890)
+    assert msg.properties().timestamp == 1234567890
+
+
+def test_no_headers_means_no_header_table() -> None:
+    assert OutgoingMessage(body=b"{}", message_id="m").properties().headers is None
+
+
+def test_type_property_is_passed_through() -> None:
+    assert OutgoingMessage(body=b"{}", message_id="m", type="dlq-record").properties().type == (
+        "dlq-record"
+    )
+
+
+def test_properties_copy_the_headers() -> None:
+    msg = OutgoingMessage(body=b"{}", message_id="m", headers={"attempts": 1})
+    msg.properties().headers["attempts"] = 99
+    assert msg.headers == {"attempts": 1}
+
+
+def test_encode_json_is_compact_sorted_and_utf8() -> None:
+    assert encode_json({"b": [1, 2], "a": "é"}) == '{"a":"é","b":[1,2]}'.encode()
+
+
+# --- decode_body: accepted ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "", "application/json", "application/json; charset=utf-8"],
+)
+def test_decode_body_accepts_a_json_object_with_string_kind(content_type: str | None) -> None:
+    assert decode_body(b'{"kind":"resize","seq":7}', content_type) == {"kind": "resize", "seq": 7}
+
+
+def test_decode_body_accepts_surrounding_whitespace_and_unicode() -> None:
+    assert decode_body(' {"kind": "größe"} \n'.encode(), JSON) == {"kind": "größe"}
+
+
+def test_decode_body_accepts_a_body_exactly_at_the_limit() -> None:
+    body = b'{"kind":"a"}'
+    assert decode_body(body, JSON, max_bytes=len(body)) == {"kind": "a"}
+
+
+def test_decode_body_accepts_the_task_message_body() -> None:
+    msg = task_message("resize", 7, "m-7")
+    assert decode_body(msg.body, msg.content_type) == {"kind": "resize", "seq": 7}
+
+
+# --- decode_body: rejected, with a clear reason -------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "content_type", "max_bytes", "reason"),
+    [
+        pytest.param(b"", JSON, 100, "empty body", id="empty"),
+        pytest.param(
+            b'{"kind":"a"}',
+            JSON,
+            11,
+            "body of 12 bytes exceeds the limit of 11",
+            id="too-large",
+        ),
+        pytest.param(
+            b'{"kind":"a"}',
+            "text/plain",
+            100,
+            "unsupported content_type 'text/plain', expected application/json",
+            id="text-plain",
+        ),
+        pytest.param(
+            b'{"kind":"a"}',
+            "application/jsonx",
+            100,
+            "unsupported content_type 'application/jsonx', expected application/json",
+            id="json-lookalike",
+        ),
+        pytest.param(
+            b"\xff\xfe{}",
+            JSON,
+            100,
+            "body is not UTF-8: invalid start byte at byte 0",
+            id="not-utf8",
+        ),
+        pytest.param(
+            b'{"kind":"\xc3"}',
+            JSON,
+            100,
+            "body is not UTF-8: invalid continuation byte at byte 9",
+            id="truncated-utf8",
+        ),
+        pytest.param(
+            b"hello",
+            JSON,
+            100,
+            "body is not JSON: Expecting value: line 1 column 1 (char 0)",
+            id="not-json",
+        ),
+        pytest.param(
+            b'{"kind":"a"',
+            JSON,
+            100,
+            "body is not JSON: Expecting ',' delimiter: line 1 column 12 (char 11)",
+            id="truncated-json",
+        ),
+        pytest.param(
+            b'[{"kind":"a"}]', JSON, 100, "body must be a JSON object, got list", id="json-list"
+        ),
+        pytest.param(b"42", JSON, 100, "body must be a JSON object, got int", id="json-int"),
+        pytest.param(b"4.5", JSON, 100, "body must be a JSON object, got float", id="json-float"),
+        pytest.param(b'"a"', JSON, 100, "body must be a JSON object, got str", id="json-string"),
+        pytest.param(b"null", JSON, 100, "body must be a JSON object, got NoneType", id="null"),
+        pytest.param(b"{}", JSON, 100, "body field 'kind' must be a string", id="no-kind"),
+        pytest.param(
+            b'{"kind":3}', JSON, 100, "body field 'kind' must be a string", id="kind-number"
+        ),
+        pytest.param(
+            b'{"kind":null}', JSON, 100, "body field 'kind' must be a string", id="kind-null"
+        ),
+        pytest.param(
+            b'{"kind":["a"]}', JSON, 100, "body field 'kind' must be a string", id="kind-list"
+        ),
+    ],
+)
+def test_decode_body_rejects_with_reason(
+    body: bytes, content_type: str | None, max_bytes: int, reason: str
+) -> None:
+    with pytest.raises(InvalidMessage, match=f"^{re.escape(reason)}$"):
+        decode_body(body, content_type, max_bytes=max_bytes)
+
+
+def test_default_body_limit_is_one_mebibyte() -> None:
+    body = b'{"kind":"a","pad":"' + b"x" * (1024 * 1024) + b'"}'
+    with pytest.raises(
+        InvalidMessage, match=rf"^body of {len(body)} bytes exceeds the limit of 1048576$"
+    ):
+        decode_body(body, JSON)
+
+
+def test_invalid_message_is_a_business_error() -> None:
+    assert issubclass(InvalidMessage, BusinessError)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+candidate_bodies = (
+    st.binary(max_size=200)
+    | json_values.map(encode_json)
+    | st.dictionaries(st.sampled_from(["kind", "seq", "x"]), json_values, max_size=3).map(
+        encode_json
+    )
+)
+
+
+@settings(database=None, max_examples=300)
+@given(body=candidate_bodies, content_type=st.sampled_from([None, JSON, "text/plain"]))
+def test_decode_body_returns_a_dict_or_raises_invalid_message(
+    body: bytes, content_type: str | None
+) -> None:
+    try:
+        value = decode_body(body, content_type)
+    except InvalidMessage:
+        return
+    assert type(value) is dict
+    assert type(value["kind"]) is str
+    assert encode_json(value) == encode_json(json.loads(body))
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 100_000], ids=["array", "object"])
+def test_decode_body_rejects_deeply_nested_json(body: bytes) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_body(body, JSON)
+
+
+# --- header_attempts ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("headers", "attempts"),
+    [(None, 0), ({}, 0), ({"trace": "t"}, 0), ({"attempts": 0}, 0), ({"attempts": 3}, 3)],
+)
+def test_header_attempts(headers: dict[str, Any] | None, attempts: int) -> None:
+    assert header_attempts(headers) == attempts
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("3", "'3'"), (-1, "-1"), (True, "True"), (2.0, "2.0"), (None, "None"), (b"3", "b'3'")],
+)
+def test_header_attempts_rejects_non_integers(value: object, shown: str) -> None:
+    reason = f"header 'attempts' must be a non-negative integer, got {shown}"
+    with pytest.raises(InvalidMessage, match=f"^{re.escape(reason)}$"):
+        header_attempts({"attempts": value})
