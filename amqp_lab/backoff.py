@@ -15,7 +15,7 @@ def exponential(attempt: int, base: float) -> float:
     """``base * 2**attempt`` seconds. Raises ValueError for a negative attempt or base."""
     if attempt < 0 or base < 0:
         raise ValueError(f"attempt and base must be >= 0, got attempt={attempt} base={base}")
-    return base * (2**attempt)
+    return base * 2.0**attempt
 
 
 def capped(attempt: int, base: float, cap: float | None) -> float:

@@ -17,6 +17,7 @@ delivery tag (bunny #142, aio-pika #98).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -234,7 +235,7 @@ class Consumer:
                 error = e
         if task is not None:
             future = self._executor.submit(
-                self.store.process_once, task.message_id, lambda db, t=task: self.handler(t, db)
+                self.store.process_once, task.message_id, functools.partial(self.handler, task)
             )
             try:
                 duplicate = not self._wait(connection, future)

@@ -47,7 +47,7 @@ class BrokerBlocked(BrokerConnectionError):
 
 # --- channel-level protocol errors ----------------------------------------------------------------
 class ChannelError(AmqpLabError):
-    """The broker closed a channel with a soft error. ``reply_code`` is the AMQP code (404, 406...)."""
+    """The broker closed a channel with a soft error; ``reply_code`` is the AMQP code (404...)."""
 
     def __init__(self, message: str, reply_code: int = 0) -> None:
         super().__init__(message)

@@ -64,7 +64,7 @@ def task_message(
     routing_key: str = "task",
     persistent: bool = True,
 ) -> OutgoingMessage:
-    """The lab task ``{"kind": kind, "seq": seq}`` with ``attempts: 0``; message_id uuid4 if None."""
+    """The lab task ``{"kind": kind, "seq": seq}`` with ``attempts: 0``; uuid4 if no id."""
     return OutgoingMessage(
         body=encode_json({"kind": kind, "seq": seq}),
         message_id=message_id or str(uuid.uuid4()),

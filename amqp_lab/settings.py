@@ -106,7 +106,7 @@ class BrokerSettings:
 
     @property
     def management_credentials(self) -> tuple[str, str]:
-        """(username, password) for the management API: those in EAI_MGMT_URL, else the AMQP ones."""
+        """(username, password) for the management API: the management URL's, else the AMQP's."""
         if self.management_url is not None:
             parts = urlsplit(self.management_url)
             if parts.username is not None:

@@ -177,7 +177,8 @@ def apply_topology(
     """Declare exchanges, queues and bindings over AMQP, then PUT the policies, in the URL's vhost.
 
     Then waits up to ``policy_wait`` seconds until the management API shows each queue's policy
-    as effective, so a --verify right after passes. Idempotent: what already exists with equal properties is left alone and reported unchanged.
+    as effective, so a --verify right after passes. Idempotent: what already exists with equal
+    properties is left alone and reported unchanged.
     Raises PreconditionFailed naming the queue or exchange and the inequivalent argument when the
     live object differs (the connection stays usable), ManagementError when a policy cannot be set
     (e.g. the user lacks the policymaker tag), and BrokerConnectionError subclasses.

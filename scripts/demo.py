@@ -29,8 +29,13 @@ def step(title: str) -> None:
 
 def script(name: str, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
     print(f"$ python scripts/{name} {' '.join(args)}".rstrip(), flush=True)
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args],
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     for line in (result.stdout + result.stderr).splitlines():
         print(f"    {line}")
     print(f"    (exit {result.returncode})", flush=True)
@@ -49,8 +54,11 @@ def prepare_broker() -> None:
         print(f"broker from EAI_AMQP_URL: {settings.masked_url}")
         return
     node = LocalBroker()
-    print(f"EAI_AMQP_URL is unset: using the dedicated node {node.nodename} "
-          f"(127.0.0.1:{node.amqp_port}); starting it if needed (about 10 s)", flush=True)
+    print(
+        f"EAI_AMQP_URL is unset: using the dedicated node {node.nodename} "
+        f"(127.0.0.1:{node.amqp_port}); starting it if needed (about 10 s)",
+        flush=True,
+    )
     node.start()
     root = BrokerSettings(node.amqp_url, node.management_url)
     with ManagementClient(root) as api:
@@ -76,19 +84,25 @@ def main() -> int:
     step("3. publish with confirms + mandatory: ok x3, flaky, bad, invalid, a duplicate pair")
     confirmed = 0
     for kind, n in (("ok", "3"), ("flaky", "1"), ("bad", "1"), ("invalid", "1")):
-        confirmed += count(script("publish.py", "--kind", kind, "--count", n).stdout,
-                           "status=confirmed")
+        confirmed += count(
+            script("publish.py", "--kind", kind, "--count", n).stdout, "status=confirmed"
+        )
     dup = f"demo-dup-{uuid.uuid4().hex[:8]}"
-    confirmed += count(script("publish.py", "--message-id", dup, "--count", "2").stdout,
-                       "status=confirmed")
+    confirmed += count(
+        script("publish.py", "--message-id", dup, "--count", "2").stdout, "status=confirmed"
+    )
     unroutable = script("publish.py", "--routing-key", "nowhere", ok=(3,))
-    summary.append(f"publish: {confirmed} confirmed; routing key 'nowhere' -> exit "
-                   f"{unroutable.returncode} (unroutable, not retried)")
+    summary.append(
+        f"publish: {confirmed} confirmed; routing key 'nowhere' -> exit "
+        f"{unroutable.returncode} (unroutable, not retried)"
+    )
 
     step("4. worker: manual ack after the work, prefetch 10, exits after 2 s idle")
     worker = script("worker.py", "--idle-exit", "2").stdout
-    outcomes = {o: count(worker, f"outcome={o} ") for o in
-                ("processed", "duplicate", "requeued", "dead-lettered")}
+    outcomes = {
+        o: count(worker, f"outcome={o} ")
+        for o in ("processed", "duplicate", "requeued", "dead-lettered")
+    }
     summary.append("worker: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
 
     step("5. DLQ: listed without consuming, as JSON, and the depth alert")

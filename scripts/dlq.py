@@ -40,8 +40,9 @@ def main() -> int:
     print(f"{'message_id':38} {'attempts':>8} {'class':10} {'error':44} first_seen_at")
     for e in entries:
         error = f"{e.error_type}: {e.error_message}"
+        attempts = "-" if e.attempts is None else str(e.attempts)
         print(
-            f"{(e.message_id or '-')[:38]:38} {'-' if e.attempts is None else e.attempts:>8} {e.classification[:10]:10} "
+            f"{(e.message_id or '-')[:38]:38} {attempts:>8} {e.classification[:10]:10} "
             f"{error[:44]:44} {e.first_seen_at or '-'}"
         )
     print(f"{len(entries)} message(s) in {args.queue}")

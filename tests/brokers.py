@@ -52,8 +52,10 @@ class TestBroker:
 
     def settings(self, vhost: str = "/", **overrides: Any) -> BrokerSettings:
         host, port, mgmt = self.endpoint()
-        url = (f"amqp://{quote(self.username, safe='')}:{quote(self.password, safe='')}@"
-               f"{host}:{port}/{quote(vhost, safe='')}")
+        url = (
+            f"amqp://{quote(self.username, safe='')}:{quote(self.password, safe='')}@"
+            f"{host}:{port}/{quote(vhost, safe='')}"
+        )
         return BrokerSettings(amqp_url=url, management_url=mgmt, **overrides)
 
     def admin(self) -> ManagementClient:
@@ -61,8 +63,7 @@ class TestBroker:
 
     def describe(self) -> str:
         host, port, mgmt = self.endpoint()
-        return (f"{self.kind} RabbitMQ {self.version} at amqp://{host}:{port} "
-                f"(management {mgmt})")
+        return f"{self.kind} RabbitMQ {self.version} at amqp://{host}:{port} (management {mgmt})"
 
     def restart(self) -> None:
         assert self.restart_fn is not None
@@ -83,8 +84,9 @@ def wait_ready(broker: TestBroker, timeout: float = 120) -> None:
         try:
             host, port, mgmt = broker.endpoint()
             socket.create_connection((host, port), timeout=1).close()
-            nodes = httpx.get(f"{mgmt}/api/nodes", auth=(broker.username, broker.password),
-                              timeout=5).json()
+            nodes = httpx.get(
+                f"{mgmt}/api/nodes", auth=(broker.username, broker.password), timeout=5
+            ).json()
             if nodes and nodes[0].get("mem_limit") and nodes[0].get("running", True):
                 with broker.admin() as api:
                     broker.version = api.overview().get("rabbitmq_version", "?")
@@ -101,8 +103,9 @@ def from_env(url: str) -> TestBroker:
     mgmt = settings.management_base
     user, password = settings.username, settings.password
     assert parts.hostname
-    broker = TestBroker("EAI_AMQP_URL", lambda: (settings.host, settings.port, mgmt),
-                        user, password)
+    broker = TestBroker(
+        "EAI_AMQP_URL", lambda: (settings.host, settings.port, mgmt), user, password
+    )
     broker.notes.append(f"existing broker from EAI_AMQP_URL={mask_url(url)}; restart tests skip")
     return broker
 
@@ -216,7 +219,10 @@ def start_test_broker() -> TestBroker:
     else:
         broker = from_local_node()
         if not forced:
-            broker.notes.insert(0, "WARNING: no Docker engine reachable; testcontainers path "
-                                   "NOT exercised, using the dedicated local node instead")
+            broker.notes.insert(
+                0,
+                "WARNING: no Docker engine reachable; testcontainers path "
+                "NOT exercised, using the dedicated local node instead",
+            )
     wait_ready(broker)
     return broker

@@ -41,8 +41,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture
 def vhost(broker: TestBroker, request: pytest.FixtureRequest) -> Iterator[BrokerSettings]:
     """A fresh vhost for this test, created and deleted through the management API."""
-    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40] + "-" + \
-        uuid.uuid4().hex[:6]
+    name = (
+        "t-"
+        + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40]
+        + "-"
+        + uuid.uuid4().hex[:6]
+    )
     with broker.admin() as api:
         api.create_vhost(name)
         api.set_permissions(name, broker.username)

@@ -32,12 +32,20 @@ def run_script(
     """Run scripts/<name> as a user would, with EAI_AMQP_URL / EAI_MGMT_URL for ``settings``."""
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / name), *args],
-        env=script_env(settings), capture_output=True, text=True, timeout=timeout, **kw,
+        env=script_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
     )
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.2,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 20,
+    interval: float = 0.2,
+    what: str = "condition",
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:

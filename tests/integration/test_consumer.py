@@ -35,27 +35,36 @@ def publish(settings: BrokerSettings, *specs: tuple[str, str]) -> None:
 
 
 def run_worker(settings: BrokerSettings, tmp_path: Path, *args: str) -> list[dict[str, str]]:
-    result = run_script(settings, "worker.py", "--idle-exit", "1.5",
-                        "--dedup-path", str(tmp_path / "dedup.sqlite3"), *args)
+    result = run_script(
+        settings,
+        "worker.py",
+        "--idle-exit",
+        "1.5",
+        "--dedup-path",
+        str(tmp_path / "dedup.sqlite3"),
+        *args,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return parse_lines(result.stdout)
 
 
 def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, str, str]]:
-    return [(r["outcome"], r["attempts"], r["redelivered"]) for r in rows
-            if r["message_id"] == message_id]
+    return [
+        (r["outcome"], r["attempts"], r["redelivered"])
+        for r in rows
+        if r["message_id"] == message_id
+    ]
 
 
 def test_every_outcome_with_exact_delivery_counts(topology: BrokerSettings, tmp_path: Path) -> None:
     """Scenario S8 too: the transient failure is delivered exactly twice, never looped."""
-    publish(topology, ("ok", "m-ok"), ("flaky", "m-flaky"), ("bad", "m-bad"),
-            ("invalid", "m-invalid"))
+    publish(
+        topology, ("ok", "m-ok"), ("flaky", "m-flaky"), ("bad", "m-bad"), ("invalid", "m-invalid")
+    )
     rows = run_worker(topology, tmp_path, "--prefetch", "1")
     assert lines_for(rows, "m-ok") == [("processed", "1", "false")]
-    assert lines_for(rows, "m-flaky") == [("requeued", "1", "false"),
-                                          ("processed", "2", "true")]
-    assert lines_for(rows, "m-bad") == [("requeued", "1", "false"),
-                                        ("dead-lettered", "2", "true")]
+    assert lines_for(rows, "m-flaky") == [("requeued", "1", "false"), ("processed", "2", "true")]
+    assert lines_for(rows, "m-bad") == [("requeued", "1", "false"), ("dead-lettered", "2", "true")]
     assert lines_for(rows, "m-invalid") == [("dead-lettered", "1", "false")]
     assert len(rows) == 6
     assert ready_count(topology, "q:tasks") == 0
@@ -74,15 +83,17 @@ def test_every_outcome_with_exact_delivery_counts(topology: BrokerSettings, tmp_
 def test_dlq_record_carries_what_a_person_needs(topology: BrokerSettings, tmp_path: Path) -> None:
     publish(topology, ("bad", "m-bad"))
     run_worker(topology, tmp_path)
-    ((method, props, body),) = get_all(topology, "q:tasks:dlq")
+    ((_, props, body),) = get_all(topology, "q:tasks:dlq")
     record = json.loads(body)
     assert props.message_id == "m-bad"
     assert props.type == "dlq-record"
     assert props.delivery_mode == 2
     assert record["message_id"] == "m-bad"
     assert record["payload"] == {"kind": "bad", "seq": 1}
-    assert record["error"] == {"type": "RuntimeError",
-                               "message": "bug in task handler: division by zero"}
+    assert record["error"] == {
+        "type": "RuntimeError",
+        "message": "bug in task handler: division by zero",
+    }
     assert record["attempts"] == 2
     assert record["original"] == {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"}
     first = datetime.fromisoformat(record["first_seen_at"])
@@ -92,8 +103,9 @@ def test_dlq_record_carries_what_a_person_needs(topology: BrokerSettings, tmp_pa
     assert 0 < (last - first).total_seconds() < 30  # first receipt kept across the redelivery
 
 
-def test_reject_mode_lets_the_policy_dlx_add_x_death(topology: BrokerSettings,
-                                                    tmp_path: Path) -> None:
+def test_reject_mode_lets_the_policy_dlx_add_x_death(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
     publish(topology, ("invalid", "m-invalid"), ("bad", "m-bad"))
     rows = run_worker(topology, tmp_path, "--dead-letter", "reject")
     assert lines_for(rows, "m-invalid") == [("dead-lettered", "1", "false")]
@@ -113,8 +125,7 @@ def test_reject_mode_lets_the_policy_dlx_add_x_death(topology: BrokerSettings,
 def test_duplicate_message_id_is_processed_once(topology: BrokerSettings, tmp_path: Path) -> None:
     publish(topology, ("ok", "same-id"), ("ok", "same-id"), ("ok", "other"))
     rows = run_worker(topology, tmp_path)
-    assert lines_for(rows, "same-id") == [("processed", "1", "false"),
-                                          ("duplicate", "1", "false")]
+    assert lines_for(rows, "same-id") == [("processed", "1", "false"), ("duplicate", "1", "false")]
     with sqlite3.connect(tmp_path / "dedup.sqlite3") as db:
         count = db.execute("SELECT count(*) FROM effects WHERE message_id='same-id'").fetchone()
     assert count == (1,)
@@ -129,16 +140,20 @@ def test_prefetch_bounds_unacked_deliveries(topology: BrokerSettings, tmp_path: 
         release.wait(60)
 
     store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
-    consumer = Consumer(topology, held, store,
-                        ConsumerConfig(prefetch=5, idle_exit=1.0), on_report=lambda r: None)
+    consumer = Consumer(
+        topology, held, store, ConsumerConfig(prefetch=5, idle_exit=1.0), on_report=lambda r: None
+    )
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     try:
         with ManagementClient(topology) as api:
             stats = wait_for(
-                lambda: (q := api.queue(topology.vhost, "q:tasks"))
-                and q.get("messages_unacknowledged") == 5 and q.get("messages_ready") == 15
-                and q,
+                lambda: (
+                    (q := api.queue(topology.vhost, "q:tasks"))
+                    and q.get("messages_unacknowledged") == 5
+                    and q.get("messages_ready") == 15
+                    and q
+                ),
                 what="5 unacked / 15 ready",
             )
         assert stats["messages_unacknowledged"] == 5
@@ -165,12 +180,16 @@ KILLABLE_CONSUMER = textwrap.dedent("""
 """)
 
 
-def test_consumer_killed_before_ack_gets_redelivery(topology: BrokerSettings,
-                                                   tmp_path: Path) -> None:
+def test_consumer_killed_before_ack_gets_redelivery(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
     publish(topology, ("ok", "m-killed"))
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLABLE_CONSUMER, str(tmp_path / "killed.sqlite3")],
-        env=script_env(topology), stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env=script_env(topology),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         assert proc.stdout is not None
@@ -185,8 +204,9 @@ def test_consumer_killed_before_ack_gets_redelivery(topology: BrokerSettings,
     assert lines_for(rows, "m-killed") == [("processed", "2", "true")]
 
 
-def test_heartbeats_flow_while_a_long_handler_runs(topology: BrokerSettings,
-                                                  tmp_path: Path) -> None:
+def test_heartbeats_flow_while_a_long_handler_runs(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
     """Scenario S1 (pika #1104): heartbeat 2 s, a handler of 10 s; no reconnect, acked once."""
     publish(topology, ("ok", "m-long"))
     reports: list[DeliveryReport] = []
@@ -196,8 +216,9 @@ def test_heartbeats_flow_while_a_long_handler_runs(topology: BrokerSettings,
 
     settings = BrokerSettings(topology.amqp_url, topology.management_url, heartbeat=2)
     store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
-    consumer = Consumer(settings, slow, store, ConsumerConfig(prefetch=1, idle_exit=1.0),
-                        on_report=reports.append)
+    consumer = Consumer(
+        settings, slow, store, ConsumerConfig(prefetch=1, idle_exit=1.0), on_report=reports.append
+    )
     assert consumer.run() == 1
     assert consumer.connections_opened == 1
     assert [(r.message_id, r.outcome, r.attempts) for r in reports] == [("m-long", "processed", 1)]

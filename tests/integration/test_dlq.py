@@ -28,8 +28,9 @@ def test_listing_does_not_consume_and_keeps_order(dead: BrokerSettings) -> None:
     second = run_script(dead, "dlq.py", "--json")
     assert first.returncode == 0, first.stderr
     rows = [json.loads(line) for line in first.stdout.splitlines()]
-    assert [r["message_id"] for r in rows] == \
-        [json.loads(line)["message_id"] for line in second.stdout.splitlines()]
+    assert [r["message_id"] for r in rows] == [
+        json.loads(line)["message_id"] for line in second.stdout.splitlines()
+    ]
     assert sorted(r["message_id"] for r in rows) == ["m-bad", "m-invalid"]
     assert ready_count(dead, "q:tasks:dlq") == 2
     by_id = {r["message_id"]: r for r in rows}
@@ -74,8 +75,9 @@ def test_replay_one_message_id(dead: BrokerSettings) -> None:
     assert missing.returncode == 1
 
 
-def test_replay_all_republishes_original_and_empties_dlq(dead: BrokerSettings,
-                                                         tmp_path: Path) -> None:
+def test_replay_all_republishes_original_and_empties_dlq(
+    dead: BrokerSettings, tmp_path: Path
+) -> None:
     result = run_script(dead, "replay.py", "--all")
     assert result.returncode == 0, result.stderr
     assert ready_count(dead, "q:tasks:dlq") == 0
@@ -87,13 +89,15 @@ def test_replay_all_republishes_original_and_empties_dlq(dead: BrokerSettings,
     assert props.delivery_mode == 2
 
 
-def test_replay_of_reject_mode_message_strips_x_death(topology: BrokerSettings,
-                                                      tmp_path: Path) -> None:
+def test_replay_of_reject_mode_message_strips_x_death(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
     publish(topology, ("invalid", "m-invalid"))
     run_worker(topology, tmp_path, "--dead-letter", "reject")
     listed = [json.loads(x) for x in run_script(topology, "dlq.py", "--json").stdout.splitlines()]
-    assert [(r["message_id"], r["source"], r["error"]["type"]) for r in listed] == \
-        [("m-invalid", "x-death", "dead-lettered:rejected")]
+    assert [(r["message_id"], r["source"], r["error"]["type"]) for r in listed] == [
+        ("m-invalid", "x-death", "dead-lettered:rejected")
+    ]
     assert run_script(topology, "replay.py", "--all").returncode == 0
     ((_, props, body),) = get_all(topology, "q:tasks")
     assert props.message_id == "m-invalid"

@@ -38,7 +38,7 @@ def test_message_id_option_and_transient(topology: BrokerSettings) -> None:
     result = run_script(topology, "publish.py", "--message-id", "fixed-1", "--transient")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "message_id=fixed-1 status=confirmed"
-    (_, props, _), = get_all(topology, "q:tasks")
+    ((_, props, _),) = get_all(topology, "q:tasks")
     assert (props.message_id, props.delivery_mode) == ("fixed-1", 1)
 
 
@@ -57,8 +57,9 @@ def test_unroutable_exits_3_without_retry(topology: BrokerSettings) -> None:
 def _bounded_queue(settings: BrokerSettings) -> None:
     with open_channel(settings) as channel:
         channel.exchange_declare("bounded", "direct", durable=True)
-        channel.queue_declare("q:bounded", durable=True,
-                              arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+        channel.queue_declare(
+            "q:bounded", durable=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+        )
         channel.queue_bind("q:bounded", "bounded", routing_key="task")
 
 
@@ -81,8 +82,9 @@ def test_nack_is_retried_and_succeeds_once_there_is_room(vhost: BrokerSettings) 
 def test_nack_retries_run_out_into_a_clear_failure(vhost: BrokerSettings) -> None:
     _bounded_queue(vhost)
     sleeps: list[float] = []
-    with Publisher(vhost, PublishRetry(max_attempts=4, base=0.05, cap=0.08),
-                   sleeps.append) as publisher:
+    with Publisher(
+        vhost, PublishRetry(max_attempts=4, base=0.05, cap=0.08), sleeps.append
+    ) as publisher:
         publisher.publish(task_message("ok", 1, "first", exchange="bounded"))
         with pytest.raises(MessageNacked) as raised:
             publisher.publish(task_message("ok", 2, "second", exchange="bounded"))
@@ -100,8 +102,11 @@ def test_lost_connection_is_retried_with_the_same_message_id(topology: BrokerSet
         publisher.publish(task_message("ok", 1, "before"))
         with ManagementClient(topology) as api:
             conn = wait_for(
-                lambda: [c for c in api.connections(topology.vhost)
-                         if c.get("client_properties", {}).get("connection_name") == name],
+                lambda: [
+                    c
+                    for c in api.connections(topology.vhost)
+                    if c.get("client_properties", {}).get("connection_name") == name
+                ],
                 what="publisher connection in the management API",
             )
             api.close_connection(conn[0]["name"], "test: force close")

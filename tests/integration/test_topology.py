@@ -17,7 +17,9 @@ pytestmark = pytest.mark.integration
 
 def _definitions(api: ManagementClient, vhost: str) -> dict[str, object]:
     queues = sorted((q["name"], q["durable"], q["arguments"]) for q in api.queues(vhost))
-    bindings = sorted((b["source"], b["destination"], b["routing_key"]) for b in api.bindings(vhost))
+    bindings = sorted(
+        (b["source"], b["destination"], b["routing_key"]) for b in api.bindings(vhost)
+    )
     policies = sorted(
         (p["name"], p["pattern"], str(p["definition"]))
         for p in [api.policy(vhost, n) for n in ("q-tasks-dlx", "q-tasks-audit-limit")]
@@ -56,9 +58,13 @@ def test_dlx_comes_from_policy_not_queue_arguments(topology: BrokerSettings) -> 
 def test_rejected_message_lands_in_dlq_through_the_policy(topology: BrokerSettings) -> None:
     with open_channel(topology) as channel:
         channel.confirm_delivery()
-        channel.basic_publish("tasks", "task", b'{"kind":"ok","seq":1}',
-                              pika.BasicProperties(message_id="m-1", delivery_mode=2),
-                              mandatory=True)
+        channel.basic_publish(
+            "tasks",
+            "task",
+            b'{"kind":"ok","seq":1}',
+            pika.BasicProperties(message_id="m-1", delivery_mode=2),
+            mandatory=True,
+        )
         method, _, _ = channel.basic_get("q:tasks", auto_ack=False)
         channel.basic_reject(method.delivery_tag, requeue=False)
     dead = wait_for(lambda: get_all(topology, "q:tasks:dlq"), what="DLQ message")
@@ -99,4 +105,3 @@ def test_conflicting_redeclare_names_queue_and_argument(topology: BrokerSettings
     assert "Fix:" in text
     # the original topology still applies cleanly: nothing was changed
     assert not apply_topology(topology, load_topology()).changed
-
