@@ -97,7 +97,8 @@ def translate(error: BaseException, settings: BrokerSettings | None = None) -> A
             return BrokerUnavailable(msg(f"no AMQP 0-9-1 broker answered{where}"))
         detail = str(error) or type(error).__name__
         if isinstance(error, pe.AMQPConnectionError) and error.args:
-            detail = "; ".join(str(a) for a in error.args)
+            # pika's workflow errors have an empty str(); their repr names the cause
+            detail = "; ".join(str(a) or repr(a) for a in error.args)
         return BrokerUnavailable(msg(f"cannot connect{where}: {detail}"))
     if isinstance(error, pe.ChannelWrongStateError | pe.ChannelClosed):
         return ConnectionLost(msg(f"channel closed{where}: {error}"))

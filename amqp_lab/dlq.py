@@ -16,10 +16,9 @@ from typing import Any
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import connect, translate
+from amqp_lab.connection import open_channel, translate
 from amqp_lab.dlq_record import DlqEntry, replay_message, view_of
 from amqp_lab.errors import AmqpLabError
-from amqp_lab.management import ManagementClient
 from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
 
@@ -38,9 +37,7 @@ def _holding(
 ) -> Iterator[tuple[Any, list[_Held]]]:
     """basic.get up to ``limit`` messages (all when None) without acking; on exit nack the rest
     with requeue so they return to their place."""
-    connection = connect(settings)
-    try:
-        channel = connection.channel()
+    with open_channel(settings) as channel:
         held: list[_Held] = []
         try:
             while limit is None or len(held) < limit:
@@ -56,9 +53,6 @@ def _holding(
         finally:
             if channel.is_open:
                 channel.basic_nack(0, multiple=True, requeue=True)
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 def browse(settings: BrokerSettings, queue: str = DLQ, limit: int | None = None) -> list[DlqEntry]:
@@ -69,15 +63,12 @@ def browse(settings: BrokerSettings, queue: str = DLQ, limit: int | None = None)
 
 def depth(settings: BrokerSettings, queue: str = DLQ) -> int:
     """Messages in ``queue`` now, via queue.declare(passive=True) (exact, not lagging stats)."""
-    connection = connect(settings)
-    try:
-        result = connection.channel().queue_declare(queue, passive=True)
-        return int(result.method.message_count)
-    except pe.ChannelClosedByBroker as e:
-        raise translate(e, settings) from e
-    finally:
-        if connection.is_open:
-            connection.close()
+    with open_channel(settings) as channel:
+        try:
+            result = channel.queue_declare(queue, passive=True)
+        except pe.ChannelClosedByBroker as e:
+            raise translate(e, settings) from e
+    return int(result.method.message_count)
 
 
 @dataclass(frozen=True)
@@ -117,10 +108,3 @@ def replay(
             if on_result is not None:
                 on_result(result)
     return results
-
-
-def queue_depth_from_api(settings: BrokerSettings, queue: str = DLQ) -> int | None:
-    """Depth from the management API (``messages``), which lags by the statistics interval."""
-    with ManagementClient(settings) as api:
-        info = api.queue(settings.vhost, queue)
-    return None if info is None else int(info.get("messages", 0))

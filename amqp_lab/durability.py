@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.connection import open_channel, translate
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.message import OutgoingMessage, encode_json
 from amqp_lab.publisher import Publisher
@@ -46,7 +46,7 @@ def run_restart_demo(
     broker and returns the settings to reach it afterwards), then count what is left by kind and
     delete the queue. Raises BrokerConnectionError if the broker is not back in ``wait_timeout``
     seconds."""
-    with _channel(settings) as channel:
+    with open_channel(settings) as channel:
         channel.queue_declare(queue, durable=True)
         channel.queue_purge(queue)
     with Publisher(settings) as publisher:
@@ -75,22 +75,10 @@ def run_restart_demo(
     return DurabilityResult(count, survivors.count("persistent"), survivors.count("transient"))
 
 
-class _channel:
-    def __init__(self, settings: BrokerSettings) -> None:
-        self.settings = settings
-
-    def __enter__(self):  # type: ignore[no-untyped-def]
-        self.connection = connect(self.settings)
-        return self.connection.channel()
-
-    def __exit__(self, *exc: object) -> None:
-        close_quietly(self.connection)
-
-
 def _drain(settings: BrokerSettings, queue: str) -> list[str]:
     kinds: list[str] = []
     try:
-        with _channel(settings) as channel:
+        with open_channel(settings) as channel:
             while True:
                 method, _, body = channel.basic_get(queue, auto_ack=True)
                 if method is None:

@@ -28,7 +28,7 @@ def settings_from_env(connection_name: str, **overrides: object) -> BrokerSettin
     url = os.environ.get("EAI_AMQP_URL")
     if not url:
         raise ConfigurationError(
-            "EAI_AMQP_URL is not set: export EAI_AMQP_URL=amqp://user:pass@host:5672/vhost "
+            "EAI_AMQP_URL is not set: set it to an amqp:// or amqps:// URL whose path is the vhost "
             '(or run: eval "$(python scripts/broker.py env)")'
         )
     return BrokerSettings(
@@ -46,8 +46,9 @@ def run(main: Callable[[], int]) -> None:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # pika logs every basic.return at WARNING; our own outcome lines already say "unroutable".
-    logging.getLogger("pika").setLevel(logging.ERROR)
+    # pika logs basic.return at WARNING and failed connection attempts with tracebacks at
+    # ERROR; the scripts report both themselves, as one line each.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
     try:
         code = main()
     except AmqpLabError as e:

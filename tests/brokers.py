@@ -44,6 +44,7 @@ class TestBroker:
     password: str = "guest"
     restart_fn: Callable[[], None] | None = None
     kill_fn: Callable[[], None] | None = None
+    ctl_fn: Callable[..., str] | None = None  # rabbitmqctl on the broker's node
     close_fn: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
     version: str = "?"
@@ -69,6 +70,11 @@ class TestBroker:
         assert self.restart_fn is not None
         self.restart_fn()
         wait_ready(self)
+
+    def ctl(self, *args: str) -> str:
+        """Run ``rabbitmqctl ARGS`` against the test broker's node; return its output."""
+        assert self.ctl_fn is not None
+        return self.ctl_fn(*args)
 
     def kill_and_start(self) -> None:
         assert self.kill_fn is not None
@@ -171,6 +177,7 @@ def from_testcontainers() -> TestBroker:
         endpoint,
         restart_fn=lambda: wrapped.restart(timeout=30),
         kill_fn=lambda: _kill_container(wrapped),
+        ctl_fn=lambda *args: _exec_ok(container, ["rabbitmqctl", *args]),
         close_fn=container.stop,
     )
     broker.notes.append(f"testcontainers RabbitMqContainer, image {image}")
@@ -191,10 +198,26 @@ def from_local_node() -> TestBroker:
         lambda: ("127.0.0.1", node.amqp_port, node.management_url),
         restart_fn=node.restart,
         kill_fn=lambda: _kill_node(node),
+        ctl_fn=lambda *args: _ctl_ok(node, *args),
         close_fn=node.stop,
     )
     broker.notes.append(f"dedicated node {node.nodename} from the OS's rabbitmq-server")
     return broker
+
+
+def _exec_ok(container: Any, command: list[str]) -> str:
+    code, output = container.exec(command)
+    text = output.decode() if isinstance(output, bytes) else str(output)
+    if code != 0:
+        raise RuntimeError(f"{command} exited {code}: {text}")
+    return text
+
+
+def _ctl_ok(node: LocalBroker, *args: str) -> str:
+    result = node._ctl(*args)
+    if result.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {args} exited {result.returncode}: {result.stderr}")
+    return result.stdout
 
 
 def _kill_container(container: Any) -> None:

@@ -1,0 +1,79 @@
+"""Scenario S4 (pika #764): a broker memory alarm ends a publish in a typed error, not a hang;
+consumers keep consuming; after the alarm the retried message is processed exactly once."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from amqp_lab.errors import BrokerBlocked
+from amqp_lab.message import task_message
+from amqp_lab.publisher import Publisher, PublishRetry
+from amqp_lab.settings import BrokerSettings
+from tests.brokers import TestBroker
+from tests.integration.test_consumer import lines_for, run_worker
+from tests.support import get_all, wait_for
+
+pytestmark = pytest.mark.integration
+WATERMARK = str(512 * 1024 * 1024)
+
+
+def mem_alarm(broker: TestBroker) -> bool:
+    with broker.admin() as api:
+        return bool(api.nodes()[0].get("mem_alarm"))
+
+
+@contextmanager
+def memory_alarm(broker: TestBroker) -> Iterator[None]:
+    """Raise the memory alarm by lowering the watermark at runtime; always restore it."""
+    if broker.ctl_fn is None:
+        pytest.skip("the broker came from EAI_AMQP_URL: the tests cannot change its watermark")
+    broker.ctl("set_vm_memory_high_watermark", "absolute", "10000000")
+    try:
+        wait_for(lambda: mem_alarm(broker), what="memory alarm raised")
+        yield
+    finally:
+        broker.ctl("set_vm_memory_high_watermark", "absolute", WATERMARK)
+        wait_for(lambda: not mem_alarm(broker), what="memory alarm cleared")
+
+
+def test_blocked_publish_fails_typed_then_retry_is_processed_once(
+    broker: TestBroker, topology: BrokerSettings, tmp_path: Path
+) -> None:
+    settings = BrokerSettings(
+        topology.amqp_url, topology.management_url, blocked_connection_timeout=3
+    )
+    message = task_message("ok", 1, "during-alarm")
+    with memory_alarm(broker), Publisher(settings, PublishRetry(max_attempts=3)) as publisher:
+        started = time.monotonic()
+        with pytest.raises(BrokerBlocked):
+            publisher.publish(message)
+        elapsed = time.monotonic() - started
+        assert 2.5 <= elapsed < 15, elapsed
+        assert publisher.attempts_made == 1  # a blocked broker is not hammered with retries
+    with Publisher(settings) as publisher:
+        publisher.publish(message)  # the caller's retry once the alarm has cleared
+    rows = run_worker(topology, tmp_path)
+    outcomes = [outcome for outcome, _, _ in lines_for(rows, "during-alarm")]
+    assert outcomes.count("processed") == 1
+    assert set(outcomes) <= {"processed", "duplicate"}  # a copy sent while blocked is absorbed
+    with sqlite3.connect(tmp_path / "dedup.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM effects").fetchone() == (1,)
+
+
+def test_consumers_keep_consuming_during_the_alarm(
+    broker: TestBroker, topology: BrokerSettings
+) -> None:
+    with Publisher(topology) as publisher:
+        publisher.publish(task_message("ok", 1, "before-alarm"))
+    with memory_alarm(broker):
+        consumed = get_all(topology, "q:tasks")
+        assert [p.message_id for _, p, _ in consumed] == ["before-alarm"]
+    with Publisher(topology) as publisher:
+        publisher.publish(task_message("ok", 2, "after-alarm"))
+    assert [p.message_id for _, p, _ in get_all(topology, "q:tasks")] == ["after-alarm"]
