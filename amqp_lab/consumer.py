@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,19 +35,31 @@ from amqp_lab.dlq_record import build_record, record_message, utc_iso
 from amqp_lab.errors import (
     BrokerUnavailable,
     ChannelError,
+    ConfigurationError,
     ConnectionLost,
     DeadLetterFailed,
     InvalidMessage,
 )
 from amqp_lab.message import (
+    ATTEMPTS_HEADER,
     DEFAULT_MAX_BODY_BYTES,
     FIRST_SEEN_HEADER,
+    OutgoingMessage,
     Task,
     decode_body,
     header_attempts,
 )
+from amqp_lab.retry import expiration_ms, retry_wait, wait_queue_name
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import Action, Outcome, attempt_number, classify, decide
+from amqp_lab.settlement import (
+    REQUEUE_ONCE,
+    Action,
+    Outcome,
+    RetryPolicy,
+    attempt_number,
+    classify,
+    decide,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +74,8 @@ class ConsumerConfig:
     """``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
     :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
     deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
-    ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death)."""
+    ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death);
+    ``retry``: requeue once (default) or broker-held backoff through wait queues."""
 
     queue: str = "q:tasks"
     prefetch: int = 10
@@ -71,6 +85,7 @@ class ConsumerConfig:
     max_messages: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     reconnect_attempts: int = 10
+    retry: RetryPolicy = REQUEUE_ONCE
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,15 @@ class DeliveryReport:
     attempts: int
     redelivered: bool
     error: str | None = None
+    wait: float | None = None  # seconds in the wait queue (backoff mode)
 
     def line(self) -> str:
         text = (
             f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
             f"redelivered={str(self.redelivered).lower()}"
         )
+        if self.wait is not None:
+            text += f" wait={self.wait:.3f}"
         return text + (f" error={self.error!r}" if self.error else "")
 
 
@@ -106,6 +124,7 @@ class Consumer:
         config: ConsumerConfig | None = None,
         on_report: Callable[[DeliveryReport], None] | None = None,
         clock: Callable[[], float] = time.time,
+        uniform: Callable[[float, float], float] = random.uniform,
     ) -> None:
         self.settings = settings
         self.handler = handler
@@ -113,6 +132,7 @@ class Consumer:
         self.config = config or ConsumerConfig()
         self.on_report = on_report or (lambda r: log.info(r.line()))
         self.clock = clock
+        self.uniform = uniform
         self.handled = 0
         self.connections_opened = 0
         self._stopping = False
@@ -154,6 +174,8 @@ class Consumer:
             channel.basic_qos(prefetch_count=self.config.prefetch)
             dl_channel = connection.channel()
             dl_channel.confirm_delivery()
+            if self.config.retry.mode == "backoff":
+                self._check_wait_queues(connection)
             last_activity = time.monotonic()
             consuming = channel.consume(self.config.queue, inactivity_timeout=0.25)
         except pe.ChannelClosedByBroker as e:
@@ -212,7 +234,7 @@ class Consumer:
             attempts_before = header_attempts(headers)
         except InvalidMessage as e:
             attempts_before, error = 0, e
-        attempt = attempt_number(attempts_before, redelivered)
+        attempt = attempt_number(attempts_before, redelivered, self.config.retry)
         first_seen = now if message_id is None else self.store.first_seen(message_id, now)
         first_seen_at = headers.get(FIRST_SEEN_HEADER)
         if not isinstance(first_seen_at, str):
@@ -241,7 +263,8 @@ class Consumer:
                 duplicate = not self._wait(connection, future)
             except Exception as e:
                 error = e
-        settlement = decide(classify(error), attempt, redelivered)
+        settlement = decide(classify(error), attempt, redelivered, self.config.retry)
+        wait: float | None = None
         self.handled += 1
         if settlement.action is Action.ACK:
             self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
@@ -250,6 +273,13 @@ class Consumer:
             self._settle(
                 channel, lambda: channel.basic_nack(method.delivery_tag, requeue=True), message_id
             )
+            outcome = "requeued"
+        elif settlement.action is Action.RETRY_LATER:
+            wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
+            self._publish_retry(
+                dl_channel, method, properties, body, settlement.attempts, first_seen_at, wait
+            )
+            self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
             outcome = "requeued"
         else:
             assert error is not None
@@ -284,6 +314,7 @@ class Consumer:
                 settlement.attempts,
                 redelivered,
                 None if error is None else f"{type(error).__name__}: {error}",
+                wait,
             )
         )
 
@@ -311,6 +342,57 @@ class Consumer:
                 "the broker will redeliver it"
             )
         settle()
+
+    def _check_wait_queues(self, connection: Any) -> None:
+        """Backoff mode needs wait queues 1..max_attempts-1 (topology data); fail fast if not."""
+        for n in range(1, self.config.retry.max_attempts):
+            name = wait_queue_name(self.config.queue, n)
+            channel = connection.channel()
+            try:
+                channel.queue_declare(name, passive=True)
+                channel.close()
+            except pe.ChannelClosedByBroker as e:
+                raise ConfigurationError(
+                    f"wait queue {name!r} does not exist: run scripts/setup_topology.py, or "
+                    "lower --max-attempts"
+                ) from e
+
+    def _publish_retry(
+        self,
+        dl_channel: Any,
+        method: Any,
+        properties: Any,
+        body: bytes,
+        attempts: int,
+        first_seen_at: str,
+        wait: float,
+    ) -> None:
+        """Republish into wait queue ``attempts`` with that attempts header and a per-message
+        TTL of ``wait`` seconds; the caller acks the original only after this confirm."""
+        headers = {k: v for k, v in (properties.headers or {}).items() if not k.startswith("x-")}
+        headers.update({ATTEMPTS_HEADER: attempts, FIRST_SEEN_HEADER: first_seen_at})
+        message = OutgoingMessage(
+            body=body,
+            message_id=properties.message_id or "",
+            exchange="",
+            routing_key=wait_queue_name(self.config.queue, attempts),
+            content_type=properties.content_type,
+            headers=headers,
+            expiration=expiration_ms(wait),
+        )
+        try:
+            dl_channel.basic_publish(
+                message.exchange,
+                message.routing_key,
+                message.body,
+                message.properties(),
+                mandatory=True,
+            )
+        except (pe.UnroutableError, pe.NackError, pe.ChannelClosedByBroker) as e:
+            raise DeadLetterFailed(
+                f"retry copy of message_id={properties.message_id} to {message.routing_key!r} "
+                f"was not confirmed ({type(e).__name__}); the original stays unacked"
+            ) from e
 
     def _publish_record(self, dl_channel: Any, record: dict[str, Any], routing_key: str) -> None:
         message = record_message(record, self.config.dlx, routing_key)

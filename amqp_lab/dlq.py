@@ -9,6 +9,7 @@ cause is still there, an automatic DLQ consumer is an infinite loop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from amqp_lab.errors import AmqpLabError
 from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
 
+PROGRESS_EVERY = 100
+
 DLQ = "q:tasks:dlq"
 
 
@@ -33,10 +36,13 @@ class _Held:
 
 @contextmanager
 def _holding(
-    settings: BrokerSettings, queue: str, limit: int | None
+    settings: BrokerSettings,
+    queue: str,
+    limit: int | None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Any, list[_Held]]]:
     """basic.get up to ``limit`` messages (all when None) without acking; on exit nack the rest
-    with requeue so they return to their place."""
+    with requeue so they return to their place. ``on_progress(n)`` every 100 messages."""
     with open_channel(settings) as channel:
         held: list[_Held] = []
         try:
@@ -46,6 +52,8 @@ def _holding(
                     break
                 entry = view_of(body, properties.message_id, properties.type, properties.headers)
                 held.append(_Held(method.delivery_tag, entry))
+                if on_progress is not None and len(held) % PROGRESS_EVERY == 0:
+                    on_progress(len(held))
         except pe.ChannelClosedByBroker as e:
             raise translate(e, settings) from e
         try:
@@ -53,11 +61,19 @@ def _holding(
         finally:
             if channel.is_open:
                 channel.basic_nack(0, multiple=True, requeue=True)
+                # A synchronous call on the same channel reaches the queue after the requeue,
+                # so when this returns the messages are back (other connections see them).
+                channel.queue_declare(queue, passive=True)
 
 
-def browse(settings: BrokerSettings, queue: str = DLQ, limit: int | None = None) -> list[DlqEntry]:
+def browse(
+    settings: BrokerSettings,
+    queue: str = DLQ,
+    limit: int | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[DlqEntry]:
     """The DLQ's messages, oldest first, left in the queue. Raises NotFound if it is missing."""
-    with _holding(settings, queue, limit) as (_, held):
+    with _holding(settings, queue, limit, on_progress) as (_, held):
         return [h.entry for h in held]
 
 
@@ -85,19 +101,33 @@ def replay(
     queue: str = DLQ,
     dry_run: bool = False,
     exchange: str | None = None,
+    limit: int | None = None,
+    rate: float | None = None,
     on_result: Callable[[ReplayResult], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[ReplayResult]:
-    """Republish the selected DLQ entries with confirms + mandatory (original payload, same
-    message_id, attempts 0, x-death removed), and basic.ack each DLQ copy only after its replay
-    was confirmed. A replay that fails (unroutable, nacked...) leaves its DLQ copy in place."""
+    """Republish the selected DLQ entries (at most ``limit``, at most ``rate`` per second) with
+    confirms + mandatory: original payload, same message_id, attempts 0, x-death removed. Each
+    DLQ copy is basic.ack'ed only after its replay was confirmed; a failed replay (unroutable,
+    nacked...) leaves it in place. Replaying a message_id twice cannot apply it twice: the
+    consumer's dedup store skips a message_id it has already processed."""
     results: list[ReplayResult] = []
-    with _holding(settings, queue, None) as (channel, held), Publisher(settings) as publisher:
+    interval = 1.0 / rate if rate else 0.0
+    with (
+        _holding(settings, queue, None, on_progress) as (channel, held),
+        Publisher(settings) as publisher,
+    ):
         for item in held:
+            if limit is not None and len(results) >= limit:
+                break
             if not select(item.entry):
                 continue
             if dry_run:
                 result = ReplayResult(item.entry, "would-replay")
             else:
+                if interval and results:
+                    sleep(interval)
                 try:
                     publisher.publish(replay_message(item.entry, exchange))
                     channel.basic_ack(item.delivery_tag)

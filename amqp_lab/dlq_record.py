@@ -181,10 +181,10 @@ def view_of(
         error_type=f"dead-lettered:{reason}",
         error_message=f"{reason} from queue {_text(first.get('queue', '?'))}" if deaths else "",
         classification="rejected" if deaths else "?",
-        attempts=attempts_header
-        if isinstance(attempts_header, int)
-        else int(first.get("count", 1) or 1),
-        first_seen_at=_time(headers.get(FIRST_SEEN) or first.get("time")),
+        # x-death's count is how often the broker dead-lettered it, not how often it was tried;
+        # our header counts only republished retries. Unknown unless the header says more.
+        attempts=attempts_header if isinstance(attempts_header, int) and attempts_header else None,
+        first_seen_at=_time(headers.get(FIRST_SEEN)),
         last_failed_at=_time(first.get("time")),
         exchange=_text(exchanges) if exchanges is not None else "",
         routing_key=_text(keys[0]),
@@ -229,3 +229,57 @@ def replay_message(entry: DlqEntry, exchange: str | None = None) -> OutgoingMess
         content_type=JSON if entry.payload_encoding == "json" else "application/octet-stream",
         headers=headers,
     )
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse our ISO 8601 timestamps (``...Z`` or with an offset); None stays None."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class DlqSummary:
+    """``depth`` records; ``oldest_age`` seconds since the oldest ``last_failed_at`` (None when
+    no record carries a time); ``by_error_type`` counts, most frequent first."""
+
+    depth: int
+    oldest_age: float | None
+    by_error_type: tuple[tuple[str, int], ...]
+
+
+def summarize(entries: list[DlqEntry], now: datetime) -> DlqSummary:
+    """Summarize DLQ entries as of ``now`` (an aware datetime)."""
+    times = [t for t in (parse_time(e.last_failed_at) for e in entries) if t is not None]
+    oldest = (now - min(times)).total_seconds() if times else None
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.error_type] = counts.get(entry.error_type, 0) + 1
+    ranked = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return DlqSummary(len(entries), oldest, ranked)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which DLQ entries to replay: all given criteria must match. ``since`` / ``until`` bound
+    ``last_failed_at`` (inclusive); ``limit`` is applied by the caller, in DLQ order."""
+
+    message_id: str | None = None
+    error_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def matches(self, entry: DlqEntry) -> bool:
+        if self.message_id is not None and entry.message_id != self.message_id:
+            return False
+        if self.error_type is not None and entry.error_type != self.error_type:
+            return False
+        if self.since is not None or self.until is not None:
+            failed = parse_time(entry.last_failed_at)
+            if failed is None:
+                return False
+            if self.since is not None and failed < self.since:
+                return False
+            if self.until is not None and failed > self.until:
+                return False
+        return True

@@ -37,6 +37,7 @@ class OutgoingMessage:
     persistent: bool = True
     timestamp: int | None = None
     type: str | None = None
+    expiration: str | None = None  # per-message TTL, whole milliseconds as a string
 
     def properties(self) -> pika.BasicProperties:
         """AMQP basic properties: delivery_mode 2 (persistent) unless ``persistent`` is False."""
@@ -47,6 +48,7 @@ class OutgoingMessage:
             timestamp=self.timestamp if self.timestamp is not None else int(time.time()),
             headers=dict(self.headers) or None,
             type=self.type,
+            expiration=self.expiration,
         )
 
 

@@ -15,7 +15,9 @@ transient / unknown       nack(requeue=True)          dead-letter, attempts=2
 ========================  ==========================  ============================
 
 The redelivered flag is a hint, not a counter (amqplib #293): it only allows the one
-redelivery. Bounded retries beyond that need our own ``attempts`` header.
+redelivery. Bounded retries beyond that (``backoff`` mode) count in our own ``attempts`` header:
+after failure n < max_attempts the message is republished, with attempts = n, into wait queue n
+and comes back when its per-message TTL expires; failure max_attempts dead-letters it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from amqp_lab.errors import BusinessError, TransientError
 
@@ -43,6 +46,7 @@ class Action(StrEnum):
 
     ACK = "ack"
     REQUEUE = "requeue"  # basic.nack(requeue=True)
+    RETRY_LATER = "retry-later"  # copy to a wait queue (confirmed), then ack
     DEAD_LETTER = "dead-letter"  # DLQ record (confirmed) then ack, or basic.reject(requeue=False)
 
 
@@ -51,6 +55,29 @@ class Settlement:
     action: Action
     attempts: int  # how many deliveries of this message have been tried, this one included
     classification: Outcome
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient failures are retried.
+
+    ``requeue``: one immediate broker redelivery (basic.nack requeue), then the DLQ.
+    ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
+    ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
+    ``base`` and ``cap`` are in seconds.
+    """
+
+    mode: Literal["requeue", "backoff"] = "requeue"
+    max_attempts: int = 2
+    base: float = 1.0
+    cap: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.base < 0 or self.cap < 0:
+            raise ValueError(f"invalid retry policy {self}")
+
+
+REQUEUE_ONCE = RetryPolicy()
 
 
 def classify(error: BaseException | None) -> Outcome:
@@ -71,19 +98,34 @@ def classify(error: BaseException | None) -> Outcome:
     return Outcome.UNKNOWN
 
 
-def attempt_number(header_attempts: int, redelivered: bool) -> int:
-    """The 1-based number of this delivery: our ``attempts`` header counts failures already
-    settled by republishing; a broker redelivery (nack requeue, lost consumer) adds one."""
+def attempt_number(
+    header_attempts: int, redelivered: bool, policy: RetryPolicy = REQUEUE_ONCE
+) -> int:
+    """The 1-based number of this delivery. Our ``attempts`` header counts the failures already
+    settled by republishing. In ``requeue`` mode a broker redelivery (nack requeue, lost
+    consumer) adds one; in ``backoff`` mode the redelivered flag is ignored: it is a hint, not a
+    counter."""
+    if policy.mode == "backoff":
+        return header_attempts + 1
     return header_attempts + 1 + (1 if redelivered else 0)
 
 
-def decide(outcome: Outcome, attempt: int, redelivered: bool) -> Settlement:
-    """Settlement for ``requeue`` mode: a transient or unknown failure gets one broker
-    redelivery (nack requeue) and is dead-lettered when it fails again; a business error is
-    dead-lettered at once."""
+def decide(
+    outcome: Outcome, attempt: int, redelivered: bool, policy: RetryPolicy = REQUEUE_ONCE
+) -> Settlement:
+    """The settlement for one delivery.
+
+    Success: ack. Business error: dead-letter at once. Transient or unknown failure: in
+    ``requeue`` mode one broker redelivery (nack requeue), dead-lettered when it fails again; in
+    ``backoff`` mode a broker-held delayed retry (wait queue) until ``attempt`` reaches
+    ``policy.max_attempts``, then dead-letter."""
     if outcome is Outcome.SUCCESS:
         return Settlement(Action.ACK, attempt, outcome)
     if outcome is Outcome.BUSINESS:
+        return Settlement(Action.DEAD_LETTER, attempt, outcome)
+    if policy.mode == "backoff":
+        if attempt < policy.max_attempts:
+            return Settlement(Action.RETRY_LATER, attempt, outcome)
         return Settlement(Action.DEAD_LETTER, attempt, outcome)
     if not redelivered:
         return Settlement(Action.REQUEUE, attempt, outcome)

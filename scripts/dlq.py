@@ -1,38 +1,66 @@
 #!/usr/bin/env python3
-"""List the DLQ (q:tasks:dlq) without consuming it: a table, or --json (one object per line).
+"""List the DLQ (q:tasks:dlq) without consuming it: a table, --json (one object per line), or
+--summary (depth, age of the oldest record, counts by error type).
 
---alert-depth N exits 2 with a one-line alert when the DLQ holds more than N messages.
+--alert-depth N and --alert-age SECONDS each exit 2 with one alert line when exceeded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from datetime import UTC, datetime
 
 from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
 
 from amqp_lab.dlq import DLQ, browse, depth
+from amqp_lab.dlq_record import summarize
+
+
+def progress(n: int) -> None:
+    print(f"... {n} records read", file=sys.stderr, flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queue", default=DLQ)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--summary", action="store_true")
     parser.add_argument("--alert-depth", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--alert-age",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="alert when the oldest record failed longer ago than this",
+    )
     parser.add_argument("--limit", type=int, default=None, help="list at most N records")
     args = parser.parse_args()
     settings = settings_from_env("amqp-lab dlq")
-    if args.alert_depth is not None:
+    where = f"DLQ {args.queue} in vhost {settings.vhost!r}"
+    if args.alert_depth is not None or args.alert_age is not None:
+        alerts: list[str] = []
         count = depth(settings, args.queue)
-        if count > args.alert_depth:
-            print(
-                f"ALERT: DLQ {args.queue} in vhost {settings.vhost!r} holds {count} messages "
-                f"(threshold {args.alert_depth})"
-            )
+        if args.alert_depth is not None and count > args.alert_depth:
+            alerts.append(f"holds {count} messages (threshold {args.alert_depth})")
+        if args.alert_age is not None and count:
+            age = summarize(browse(settings, args.queue), datetime.now(UTC)).oldest_age
+            if age is not None and age > args.alert_age:
+                alerts.append(f"oldest record is {age:.0f}s old (threshold {args.alert_age:g}s)")
+        if alerts:
+            print(f"ALERT: {where} " + "; ".join(alerts))
             return EXIT_ALERT
-        print(f"ok: DLQ {args.queue} holds {count} messages (threshold {args.alert_depth})")
+        print(f"ok: {where} holds {count} messages")
         return EXIT_OK
-    entries = browse(settings, args.queue, args.limit)
+    entries = browse(settings, args.queue, args.limit, on_progress=progress)
+    if args.summary:
+        summary = summarize(entries, datetime.now(UTC))
+        age = "-" if summary.oldest_age is None else f"{summary.oldest_age:.0f}s"
+        print(f"{where}: depth={summary.depth} oldest_age={age}")
+        for error_type, n in summary.by_error_type:
+            print(f"  {n:>6}  {error_type}")
+        return EXIT_OK
     if args.json:
         for entry in entries:
             print(json.dumps(entry.as_dict(), sort_keys=True, default=str))

@@ -1,41 +1,94 @@
 #!/usr/bin/env python3
-"""Replay DLQ messages to the tasks exchange - only when asked: --all or --message-id ID.
+"""Replay DLQ messages to the tasks exchange - only when asked, never automatically.
 
+Select with --all, or with any of --message-id, --error-type, --since, --until (ISO 8601, on
+the record's last_failed_at); --limit N caps the count, --rate R the messages per second.
 Each is republished with confirms + mandatory (original payload, same message_id, attempts 0,
-x-death removed); its DLQ copy is removed only after the confirm. --dry-run lists what would go.
-Exit 0 when every selected message was replayed, 1 when any failed or none matched an ID.
+x-death removed); its DLQ copy is removed only after the confirm. Every replayed message gets
+an audit line (JSON) in --audit-log. --dry-run lists what would go.
+Exit 0 when every selected message was replayed, 1 when any failed or nothing matched an ID.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
 
-from _cli import EXIT_FAILED, EXIT_OK, run, settings_from_env
+from _cli import EXIT_FAILED, EXIT_OK, ROOT, run, settings_from_env
 
 from amqp_lab.dlq import DLQ, ReplayResult, replay
+from amqp_lab.dlq_record import Selection, utc_iso
+
+
+def iso_time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from e
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--all", action="store_true")
-    group.add_argument("--message-id")
+    parser.add_argument("--all", action="store_true", help="every DLQ message")
+    parser.add_argument("--message-id")
+    parser.add_argument("--error-type", help="e.g. RuntimeError (see dlq.py --summary)")
+    parser.add_argument("--since", type=iso_time, help="last_failed_at >= this")
+    parser.add_argument("--until", type=iso_time, help="last_failed_at <= this")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="messages per second")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--queue", default=DLQ)
+    parser.add_argument("--audit-log", default=str(ROOT / ".state" / "replay-audit.jsonl"))
     args = parser.parse_args()
+    selection = Selection(args.message_id, args.error_type, args.since, args.until)
+    if not args.all and selection == Selection():
+        parser.error(
+            "say what to replay: --all, or --message-id / --error-type / --since / --until"
+        )
+    if (args.rate is not None and args.rate <= 0) or (args.limit is not None and args.limit < 1):
+        parser.error("--rate must be > 0 and --limit >= 1")
     settings = settings_from_env("amqp-lab replay")
+    audit = Path(args.audit_log)
+    audit.parent.mkdir(parents=True, exist_ok=True)
 
-    def show(result: ReplayResult) -> None:
-        line = f"message_id={result.entry.message_id} status={result.status}"
-        print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
+    with audit.open("a") as log:
 
-    results = replay(
-        settings,
-        lambda entry: args.all or entry.message_id == args.message_id,
-        queue=args.queue,
-        dry_run=args.dry_run,
-        on_result=show,
-    )
+        def show(result: ReplayResult) -> None:
+            line = f"message_id={result.entry.message_id} status={result.status}"
+            print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
+            if result.status != "would-replay":
+                log.write(
+                    json.dumps(
+                        {
+                            "at": utc_iso(datetime.now(UTC).timestamp()),
+                            "vhost": settings.vhost,
+                            "queue": args.queue,
+                            "message_id": result.entry.message_id,
+                            "status": result.status,
+                            "error_type": result.entry.error_type,
+                            "record_last_failed_at": result.entry.last_failed_at,
+                            "record_attempts": result.entry.attempts,
+                            "detail": result.detail,
+                        }
+                    )
+                    + "\n"
+                )
+                log.flush()
+
+        results = replay(
+            settings,
+            selection.matches,
+            queue=args.queue,
+            dry_run=args.dry_run,
+            limit=args.limit,
+            rate=args.rate,
+            on_result=show,
+            on_progress=lambda n: print(f"... {n} DLQ records read", file=sys.stderr, flush=True),
+        )
     failed = sum(r.status == "failed" for r in results)
     print(
         f"{len(results)} selected, {len(results) - failed} "

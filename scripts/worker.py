@@ -16,6 +16,10 @@ from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.lab import lab_handler
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.settlement import RetryPolicy
+
+MAX_ATTEMPTS = 10  # topology/definitions.json has wait queues 1..9
+MAX_CAP = 300.0  # the wait queues' policy message-ttl (ms) / 1000
 
 
 def default_dedup_path(settings: BrokerSettings) -> str:
@@ -42,11 +46,35 @@ def main() -> int:
         default="publish",
         help="publish a confirmed DLQ record (default) or basic.reject to the DLX",
     )
+    parser.add_argument(
+        "--retry",
+        choices=["requeue", "backoff"],
+        default="requeue",
+        help="requeue: one immediate redelivery; backoff: broker-held waits",
+    )
+    parser.add_argument(
+        "--max-attempts", type=int, default=5, help="backoff: deliveries before the DLQ (1-10)"
+    )
+    parser.add_argument("--base", type=float, default=1.0, help="backoff: base wait, seconds")
+    parser.add_argument(
+        "--cap",
+        type=float,
+        default=30.0,
+        help="backoff: longest wait, seconds (<= 300, the wait queues' TTL)",
+    )
     parser.add_argument("--dedup-path", default=None, help="SQLite file of processed message_ids")
     parser.add_argument("--heartbeat", type=int, default=30, help="seconds")
     args = parser.parse_args()
     if args.prefetch < 1:
         parser.error("--prefetch must be >= 1")
+    if not 1 <= args.max_attempts <= MAX_ATTEMPTS:
+        parser.error(f"--max-attempts must be 1..{MAX_ATTEMPTS} (one wait queue per retry)")
+    if args.base < 0 or not 0 <= args.cap <= MAX_CAP:
+        parser.error(f"--base must be >= 0 and --cap within 0..{MAX_CAP:g} seconds")
+    if args.retry == "backoff":
+        retry = RetryPolicy("backoff", args.max_attempts, args.base, args.cap)
+    else:
+        retry = RetryPolicy()
     settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
     store = SqliteDedupStore(args.dedup_path or default_dedup_path(settings))
     config = ConsumerConfig(
@@ -55,6 +83,7 @@ def main() -> int:
         dead_letter=args.dead_letter,
         idle_exit=args.idle_exit,
         max_messages=args.max_messages,
+        retry=retry,
     )
 
     def report(r: DeliveryReport) -> None:

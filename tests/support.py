@@ -81,3 +81,16 @@ def parse_lines(text: str) -> list[dict[str, str]]:
         if line.startswith("message_id="):
             rows.append(dict(part.split("=", 1) for part in line.split(" ") if "=" in part))
     return rows
+
+
+def wait_ready_count(
+    settings: BrokerSettings, queue: str, expected: int, timeout: float = 20
+) -> None:
+    """Poll until ``queue`` holds exactly ``expected`` ready messages. Needed after browse and
+    replay: messages returned with basic.nack(requeue) reach the queue asynchronously, so a
+    count read from another connection can briefly lag."""
+    wait_for(
+        lambda: ready_count(settings, queue) == expected,
+        timeout,
+        what=f"{expected} ready in {queue} (now {ready_count(settings, queue)})",
+    )

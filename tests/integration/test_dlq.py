@@ -9,7 +9,7 @@ import pytest
 
 from amqp_lab.settings import BrokerSettings
 from tests.integration.test_consumer import publish, run_worker
-from tests.support import get_all, parse_lines, ready_count, run_script
+from tests.support import get_all, parse_lines, ready_count, run_script, wait_ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ def dead(topology: BrokerSettings, tmp_path: Path) -> BrokerSettings:
     """A vhost whose DLQ holds records for m-bad (attempts 2) and m-invalid (attempts 1)."""
     publish(topology, ("bad", "m-bad"), ("invalid", "m-invalid"), ("ok", "m-ok"))
     run_worker(topology, tmp_path)
-    assert ready_count(topology, "q:tasks:dlq") == 2
+    wait_ready_count(topology, "q:tasks:dlq", 2)
     return topology
 
 
@@ -32,7 +32,7 @@ def test_listing_does_not_consume_and_keeps_order(dead: BrokerSettings) -> None:
         json.loads(line)["message_id"] for line in second.stdout.splitlines()
     ]
     assert sorted(r["message_id"] for r in rows) == ["m-bad", "m-invalid"]
-    assert ready_count(dead, "q:tasks:dlq") == 2
+    wait_ready_count(dead, "q:tasks:dlq", 2)
     by_id = {r["message_id"]: r for r in rows}
     assert by_id["m-bad"]["attempts"] == 2
     assert by_id["m-bad"]["error"]["type"] == "RuntimeError"
@@ -58,7 +58,7 @@ def test_dry_run_changes_nothing(dead: BrokerSettings) -> None:
     result = run_script(dead, "replay.py", "--all", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert sorted(r["status"] for r in parse_lines(result.stdout)) == ["would-replay"] * 2
-    assert ready_count(dead, "q:tasks:dlq") == 2
+    wait_ready_count(dead, "q:tasks:dlq", 2)
     assert ready_count(dead, "q:tasks") == 0
 
 
@@ -66,7 +66,7 @@ def test_replay_one_message_id(dead: BrokerSettings) -> None:
     result = run_script(dead, "replay.py", "--message-id", "m-invalid")
     assert result.returncode == 0, result.stderr
     assert parse_lines(result.stdout) == [{"message_id": "m-invalid", "status": "replayed"}]
-    assert ready_count(dead, "q:tasks:dlq") == 1
+    wait_ready_count(dead, "q:tasks:dlq", 1)
     ((_, props, body),) = get_all(dead, "q:tasks")
     assert props.message_id == "m-invalid"
     assert props.headers == {"attempts": 0}
@@ -80,7 +80,7 @@ def test_replay_all_republishes_original_and_empties_dlq(
 ) -> None:
     result = run_script(dead, "replay.py", "--all")
     assert result.returncode == 0, result.stderr
-    assert ready_count(dead, "q:tasks:dlq") == 0
+    wait_ready_count(dead, "q:tasks:dlq", 0)
     replayed = {p.message_id: (p, json.loads(b)) for _, p, b in get_all(dead, "q:tasks")}
     assert set(replayed) == {"m-bad", "m-invalid"}
     props, body = replayed["m-bad"]
@@ -111,4 +111,4 @@ def test_failed_replay_keeps_the_dlq_copy(dead: BrokerSettings) -> None:
     results = replay(dead, lambda e: e.message_id == "m-bad", exchange="no-such-exchange")
     assert [(r.entry.message_id, r.status) for r in results] == [("m-bad", "failed")]
     assert "404" in results[0].detail
-    assert ready_count(dead, "q:tasks:dlq") == 2
+    wait_ready_count(dead, "q:tasks:dlq", 2)

@@ -31,13 +31,16 @@ def _definitions(api: ManagementClient, vhost: str) -> dict[str, object]:
 def test_second_apply_changes_nothing(vhost: BrokerSettings) -> None:
     first = run_script(vhost, "setup_topology.py")
     assert first.returncode == 0, first.stderr
-    assert "10 created, 0 unchanged" in first.stdout
+    data = load_topology()
+    total = len(data.exchanges) + len(data.queues) + len(data.bindings) + len(data.policies)
+    assert total == 26
+    assert f"{total} created, 0 unchanged" in first.stdout
     with ManagementClient(vhost) as api:
         before = _definitions(api, vhost.vhost)
         second = run_script(vhost, "setup_topology.py")
         after = _definitions(api, vhost.vhost)
     assert second.returncode == 0, second.stderr
-    assert "0 created, 10 unchanged" in second.stdout
+    assert f"0 created, {total} unchanged" in second.stdout
     assert "created " not in second.stdout.replace("0 created", "")
     assert before == after
     assert ("tasks", "q:tasks", "task") in after["bindings"]

@@ -242,8 +242,8 @@ def test_view_of_a_raw_message_with_x_death(as_bytes: bool) -> None:
         error_type="dead-lettered:rejected",
         error_message="rejected from queue q:tasks",
         classification="rejected",
-        attempts=1,
-        first_seen_at="2026-11-29T17:41:02.000Z",
+        attempts=None,
+        first_seen_at=None,
         last_failed_at="2026-11-29T17:41:02.000Z",
         exchange="tasks",
         routing_key="task",
@@ -259,10 +259,15 @@ def test_view_of_a_raw_message_treats_a_naive_death_time_as_utc() -> None:
     assert view_of(BODY, "m-9", None, headers).last_failed_at == "2026-11-29T17:41:02.000Z"
 
 
-def test_view_of_a_raw_message_takes_attempts_from_the_x_death_count() -> None:
+def test_view_of_a_raw_message_does_not_take_x_death_count_for_attempts() -> None:
     headers = _x_death_headers(as_bytes=True)
     headers["x-death"][0]["count"] = 3
-    assert view_of(BODY, "m-9", None, headers).attempts == 3
+    assert view_of(BODY, "m-9", None, headers).attempts is None
+
+
+def test_view_of_a_raw_message_takes_attempts_from_our_header() -> None:
+    headers = _x_death_headers(as_bytes=True) | {"attempts": 4}
+    assert view_of(BODY, "m-9", None, headers).attempts == 4
 
 
 def test_view_of_a_raw_message_prefers_our_first_seen_header() -> None:
@@ -277,7 +282,7 @@ def test_view_of_a_message_without_x_death() -> None:
         error_type="dead-lettered:unknown",
         error_message="",
         classification="?",
-        attempts=1,
+        attempts=None,
         first_seen_at=None,
         last_failed_at=None,
         exchange="",

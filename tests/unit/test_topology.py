@@ -32,6 +32,12 @@ AUDIT_POLICY = Policy(
     (("max-length", 100000), ("overflow", "drop-head")),
     10,
 )
+WAIT_POLICY = Policy(
+    "q-tasks-wait",
+    r"^q:tasks:wait:\d+$",
+    (("dead-letter-exchange", "tasks.retry"), ("message-ttl", 300000)),
+    10,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +65,7 @@ def test_exchanges(lab_topology: Topology) -> None:
     assert lab_topology.exchanges == (
         Exchange("tasks", "direct"),
         Exchange("tasks.dlx", "fanout"),
+        Exchange("tasks.retry", "fanout"),
     )
 
 
@@ -68,7 +75,12 @@ def test_queue_is_durable_without_arguments(lab_topology: Topology, name: str) -
 
 
 def test_queue_names(lab_topology: Topology) -> None:
-    assert [q.name for q in lab_topology.queues] == ["q:tasks", "q:tasks:audit", "q:tasks:dlq"]
+    assert [q.name for q in lab_topology.queues] == [
+        "q:tasks",
+        "q:tasks:audit",
+        "q:tasks:dlq",
+        *[f"q:tasks:wait:{n}" for n in range(1, 10)],
+    ]
 
 
 def test_no_queue_sets_dead_lettering_by_argument(lab_topology: Topology) -> None:
@@ -80,6 +92,7 @@ def test_bindings(lab_topology: Topology) -> None:
         Binding("tasks", "q:tasks", "task"),
         Binding("tasks", "q:tasks:audit", "task"),
         Binding("tasks.dlx", "q:tasks:dlq", ""),
+        Binding("tasks.retry", "q:tasks", ""),
     )
 
 
@@ -90,7 +103,14 @@ def test_dead_letter_policy(lab_topology: Topology) -> None:
 
 
 def test_policies(lab_topology: Topology) -> None:
-    assert lab_topology.policies == (DLX_POLICY, AUDIT_POLICY)
+    assert lab_topology.policies == (DLX_POLICY, AUDIT_POLICY, WAIT_POLICY)
+
+
+def test_wait_policy_returns_expired_messages_to_q_tasks(lab_topology: Topology) -> None:
+    assert WAIT_POLICY.definition_dict == {
+        "dead-letter-exchange": "tasks.retry",
+        "message-ttl": 300_000,
+    }
 
 
 def test_unknown_queue_raises_topology_error(lab_topology: Topology) -> None:
@@ -229,6 +249,7 @@ def test_expected_policies_of_the_lab_topology(lab_topology: Topology) -> None:
     assert _expected_policy_per_queue(lab_topology) == {
         "q:tasks": DLX_POLICY,
         "q:tasks:audit": AUDIT_POLICY,
+        **{f"q:tasks:wait:{n}": WAIT_POLICY for n in range(1, 10)},
     }
 
 
