@@ -61,8 +61,11 @@ class ManagementClient:
         if response.status_code == 404 and ok404:
             return None
         if response.status_code == 401:
+            user = self.settings.management_credentials[0]
             raise ManagementError(
-                f"management API at {self.base} refused the credentials (401)", 401
+                f"management API at {self.base} refused user {user!r} (401): a wrong password, "
+                "or the user has no management tag (setup_topology.py needs 'policymaker')",
+                401,
             )
         if response.status_code >= 400:
             reason = response.text[:300].replace("\n", " ")
@@ -117,9 +120,8 @@ class ManagementClient:
         return result
 
     def policy(self, vhost: str, name: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self._request(
-            "GET", f"/policies/{_q(vhost)}/{_q(name)}", ok404=True
-        )
+        """GET /api/policies/{vhost}/{name}, or None. Needs the ``policymaker`` tag."""
+        result: dict[str, Any] | None = self._policy_request("GET", vhost, name, None, ok404=True)
         return result
 
     def connections(self, vhost: str | None = None) -> list[dict[str, Any]]:
@@ -144,13 +146,21 @@ class ManagementClient:
             "priority": priority,
             "apply-to": apply_to,
         }
+        self._policy_request("PUT", vhost, name, body)
+
+    def _policy_request(
+        self, method: str, vhost: str, name: str, body: Any, ok404: bool = False
+    ) -> Any:
+        """A /api/policies call whose 401/403 names the missing tag."""
         try:
-            self._request("PUT", f"/policies/{_q(vhost)}/{_q(name)}", json=body)
+            return self._request(method, f"/policies/{_q(vhost)}/{_q(name)}", body, ok404)
         except ManagementError as e:
             if e.status_code in (401, 403):
+                user = self.settings.management_credentials[0]
                 raise ManagementError(
-                    f"cannot set policy {name!r} on vhost {vhost!r}: the user needs the "
-                    "'policymaker' tag (rabbitmqctl set_user_tags USER policymaker)",
+                    f"cannot {'read' if method == 'GET' else 'set'} policy {name!r} on vhost "
+                    f"{vhost!r}: user {user!r} needs the 'policymaker' tag "
+                    f"(rabbitmqctl set_user_tags {user} policymaker)",
                     e.status_code,
                 ) from e
             raise
@@ -172,6 +182,14 @@ class ManagementClient:
             f"/permissions/{_q(vhost)}/{_q(user)}",
             json={"configure": configure, "write": write, "read": read},
         )
+
+    def create_user(self, name: str, password: str, tags: str = "") -> None:
+        """PUT /api/users/{name}; ``tags`` comma-separated (management, policymaker, ...)."""
+        self._request("PUT", f"/users/{_q(name)}", json={"password": password, "tags": tags})
+
+    def delete_user(self, name: str) -> None:
+        """DELETE /api/users/{name}; a missing user is not an error."""
+        self._request("DELETE", f"/users/{_q(name)}", ok404=True)
 
     def close_connection(self, name: str, reason: str = "closed by amqp-lab") -> None:
         """DELETE /api/connections/{name}: the broker force-closes it (320 CONNECTION_FORCED)."""

@@ -349,7 +349,7 @@ def verify_topology(settings: BrokerSettings, topology: Topology) -> list[str]:
                 drift.append(
                     f"queue {queue.name!r} durable={live['durable']}, expected {queue.durable}"
                 )
-            if (live.get("arguments") or {}) != dict(queue.arguments):
+            if live_queue_arguments(live, queue) != dict(queue.arguments):
                 drift.append(
                     f"queue {queue.name!r} arguments {live.get('arguments')} differ from "
                     f"{dict(queue.arguments)}"
@@ -383,6 +383,16 @@ def verify_topology(settings: BrokerSettings, topology: Topology) -> list[str]:
             elif not _policy_matches(live, policy):
                 drift.append(f"policy {policy.name!r} differs: live {live.get('definition')}")
     return drift
+
+
+def live_queue_arguments(live: dict[str, Any], queue: Queue) -> dict[str, Any]:
+    """The live queue's arguments as our data would write them. RabbitMQ 4.x records
+    ``x-queue-type: classic`` on a queue declared without a type; 3.x records nothing. Both mean
+    the same queue, so that default is dropped unless the data sets a type."""
+    arguments = dict(live.get("arguments") or {})
+    if "x-queue-type" not in dict(queue.arguments) and arguments.get("x-queue-type") == "classic":
+        del arguments["x-queue-type"]
+    return arguments
 
 
 def _expected_policy_per_queue(topology: Topology) -> dict[str, Policy]:

@@ -2,9 +2,10 @@
 
 1. ``EAI_AMQP_URL`` is set: that existing broker (restart tests skip: we cannot restart it).
 2. A Docker engine is reachable: testcontainers' RabbitMqContainer with our rabbitmq.conf
-   mounted. Image: ``AMQP_LAB_RABBITMQ_IMAGE`` if set, else the official
-   ``rabbitmq:3.13-management`` if present or pullable, else the locally built
-   ``amqp-lab/rabbitmq:bookworm`` (scripts/build_test_image.sh).
+   mounted. Image: ``AMQP_LAB_RABBITMQ_IMAGE`` if set, else for ``AMQP_LAB_RABBITMQ_VERSION``
+   (3.10 by default, or 4.0) the official ``rabbitmq:<version>-management`` if present or
+   pullable, else the locally built ``amqp-lab/rabbitmq:bookworm`` / ``:trixie``
+   (scripts/build_test_image.sh).
 3. Otherwise a dedicated local node from the OS's rabbitmq-server (amqp_lab.local_broker), with
    a visible warning.
 
@@ -29,8 +30,19 @@ from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
 
 ROOT = Path(__file__).resolve().parent.parent
-OFFICIAL_IMAGE = "rabbitmq:3.13-management"
-LOCAL_IMAGE = "amqp-lab/rabbitmq:bookworm"
+# AMQP_LAB_RABBITMQ_VERSION -> (official image, locally built image, Debian suite to build it)
+VERSIONS = {
+    "3.10": ("rabbitmq:3.10-management", "amqp-lab/rabbitmq:bookworm", "bookworm"),
+    "4.0": ("rabbitmq:4.0-management", "amqp-lab/rabbitmq:trixie", "trixie"),
+}
+DEFAULT_VERSION = "3.10"
+
+
+def wanted_version() -> str:
+    version = os.environ.get("AMQP_LAB_RABBITMQ_VERSION", DEFAULT_VERSION)
+    if version not in VERSIONS:
+        raise RuntimeError(f"AMQP_LAB_RABBITMQ_VERSION={version!r}: choose one of {list(VERSIONS)}")
+    return version
 
 
 @dataclass
@@ -133,21 +145,22 @@ def _choose_image() -> str:
 
     if os.environ.get("AMQP_LAB_RABBITMQ_IMAGE"):
         return os.environ["AMQP_LAB_RABBITMQ_IMAGE"]
+    official, local, suite = VERSIONS[wanted_version()]
     client = docker.from_env()
     try:
-        for image in (OFFICIAL_IMAGE, LOCAL_IMAGE):
+        for image in (official, local):
             try:
                 client.images.get(image)
                 return image
             except docker.errors.ImageNotFound:
                 pass
         try:
-            client.images.pull(OFFICIAL_IMAGE)
-            return OFFICIAL_IMAGE
+            client.images.pull(official)
+            return official
         except docker.errors.APIError as e:
             raise RuntimeError(
-                f"no RabbitMQ image: {OFFICIAL_IMAGE} cannot be pulled ({e}) and {LOCAL_IMAGE} "
-                "is not built; run: bash scripts/build_test_image.sh"
+                f"no RabbitMQ image: {official} cannot be pulled ({e}) and {local} is not "
+                f"built; run: bash scripts/build_test_image.sh {suite} {local}"
             ) from e
     finally:
         client.close()
@@ -246,6 +259,12 @@ def start_test_broker() -> TestBroker:
                 0,
                 "WARNING: no Docker engine reachable; testcontainers path "
                 "NOT exercised, using the dedicated local node instead",
+            )
+        if "AMQP_LAB_RABBITMQ_VERSION" in os.environ:
+            broker.notes.insert(
+                0,
+                "WARNING: the dedicated node runs the OS's RabbitMQ, whatever "
+                "AMQP_LAB_RABBITMQ_VERSION asks for",
             )
     wait_ready(broker)
     return broker

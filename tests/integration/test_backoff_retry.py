@@ -26,7 +26,7 @@ from amqp_lab.settlement import RetryPolicy
 from tests.integration.test_consumer import lines_for, publish, run_worker
 from tests.support import get_all, ready_count, run_script
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 WAIT_QUEUES = [f"q:tasks:wait:{n}" for n in range(1, 10)]
 TOLERANCE = 0.6  # seconds: broker expiry timer + consumer round trip on a loaded 2-core box
 

@@ -7,7 +7,7 @@ import pytest
 from tests.brokers import TestBroker
 from tests.support import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 
 MIB = 1024 * 1024
 

@@ -24,7 +24,7 @@ from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
 from tests.support import ROOT, get_all, parse_lines, ready_count, run_script, script_env, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 
 
 def publish(settings: BrokerSettings, *specs: tuple[str, str]) -> None:

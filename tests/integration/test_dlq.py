@@ -11,7 +11,7 @@ from amqp_lab.settings import BrokerSettings
 from tests.integration.test_consumer import publish, run_worker
 from tests.support import get_all, parse_lines, ready_count, run_script, wait_ready_count
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
 from tests.support import run_script
 
-pytestmark = [pytest.mark.integration, pytest.mark.restart]
+pytestmark = [pytest.mark.integration, pytest.mark.restart, pytest.mark.foundation]
 
 
 def test_persistent_messages_survive_restart(broker: TestBroker, vhost: BrokerSettings) -> None:

@@ -15,7 +15,7 @@ from amqp_lab.publisher import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from tests.support import get_all, parse_lines, ready_count, run_script, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 
 
 def test_publish_confirms_persistent_message_with_id(topology: BrokerSettings) -> None:
