@@ -10,6 +10,7 @@ import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as pe
@@ -21,6 +22,7 @@ from amqp_lab.errors import (
     BrokerBlocked,
     BrokerUnavailable,
     ChannelError,
+    ConfigurationError,
     ConnectionLost,
     NotFound,
     PreconditionFailed,
@@ -28,21 +30,39 @@ from amqp_lab.errors import (
 )
 from amqp_lab.settings import BrokerSettings, mask_secrets
 
+TLS_QUERY_KEYS = ("cacertfile", "certfile", "keyfile", "server_name_indication", "verify")
+
 
 def connection_parameters(settings: BrokerSettings) -> pika.URLParameters:
     """pika parameters for ``settings``: heartbeat and blocked_connection_timeout in seconds,
-    one connection attempt (retries belong to tenacity in the caller), TLS verification on for
-    amqps:// with the system trust store unless the URL's query names a CA file."""
-    params = pika.URLParameters(settings.amqp_url)
+    one connection attempt (retries belong to tenacity in the caller).
+
+    amqps:// verifies the server certificate and host name, against the system trust store or
+    the ``cacertfile`` named in the URL's query; ``certfile`` / ``keyfile`` give a client
+    certificate, ``server_name_indication`` the name to check, ``verify=verify_none`` turns
+    verification off (https://www.rabbitmq.com/docs/uri-query-parameters).
+    """
+    parts = urlsplit(settings.amqp_url)
+    query = parse_qs(parts.query)
+    tls = {key: query.pop(key)[0] for key in TLS_QUERY_KEYS if key in query}
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query, doseq=True), ""))
+    params = pika.URLParameters(url)
     params.heartbeat = settings.heartbeat
     params.blocked_connection_timeout = settings.blocked_connection_timeout
     params.connection_attempts = 1
     params.socket_timeout = 5
     params.stack_timeout = 15
     params.client_properties = {"connection_name": settings.connection_name}
-    if settings.scheme == "amqps" and params.ssl_options is None:
-        context = ssl.create_default_context()
-        params.ssl_options = pika.SSLOptions(context, settings.host)
+    if settings.scheme == "amqps":
+        context = ssl.create_default_context(cafile=tls.get("cacertfile"))
+        if "certfile" in tls:
+            context.load_cert_chain(tls["certfile"], tls.get("keyfile"))
+        if tls.get("verify") == "verify_none":
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        params.ssl_options = pika.SSLOptions(
+            context, tls.get("server_name_indication", settings.host)
+        )
     return params
 
 
@@ -53,7 +73,11 @@ def connect(settings: BrokerSettings) -> pika.BlockingConnection:
     credentials), VhostAccessDenied (unknown vhost or no permission).
     """
     try:
-        return pika.BlockingConnection(connection_parameters(settings))
+        params = connection_parameters(settings)
+    except (OSError, ValueError) as e:  # an unreadable CA / key file, a bad query value
+        raise ConfigurationError(f"TLS or URL settings of {settings.masked_url}: {e}") from e
+    try:
+        return pika.BlockingConnection(params)
     except Exception as e:
         raise translate(e, settings) from e
 
