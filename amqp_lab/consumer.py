@@ -56,6 +56,7 @@ from amqp_lab.settlement import (
     Action,
     Outcome,
     RetryPolicy,
+    Settlement,
     attempt_number,
     classify,
     decide,
@@ -75,7 +76,10 @@ class ConsumerConfig:
     :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
     deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
     ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death);
-    ``retry``: requeue once (default) or broker-held backoff through wait queues."""
+    ``retry``: requeue once (default) or broker-held backoff through wait queues;
+    ``ack_batch``: deliveries handled in one store transaction and acked with one
+    basic.ack(multiple=True) after its commit; ``ack_interval``: seconds a partial batch may
+    wait, so a quiet queue still acks promptly."""
 
     queue: str = "q:tasks"
     prefetch: int = 10
@@ -86,6 +90,15 @@ class ConsumerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     reconnect_attempts: int = 10
     retry: RetryPolicy = REQUEUE_ONCE
+    ack_batch: int = 1
+    ack_interval: float = 0.005
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ack_batch <= self.prefetch:
+            raise ConfigurationError(
+                f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
+                "broker sends no more than prefetch unacked deliveries"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,27 @@ class DeliveryReport:
         if self.wait is not None:
             text += f" wait={self.wait:.3f}"
         return text + (f" error={self.error!r}" if self.error else "")
+
+
+@dataclass
+class _Delivery:
+    """One delivery on its way through decode, handler and settlement."""
+
+    method: Any
+    properties: Any
+    body: bytes
+    now: float  # receipt time, seconds since the epoch
+    message_id: str | None
+    redelivered: bool
+    headers: dict[str, Any]
+    attempt: int = 1
+    task: Task | None = None
+    error: BaseException | None = None
+    duplicate: bool = False
+
+    def report(self, outcome: str, attempts: int, wait: float | None = None) -> DeliveryReport:
+        error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+        return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
 
 
 class _StaleDelivery(Exception):
@@ -177,23 +211,33 @@ class Consumer:
             if self.config.retry.mode == "backoff":
                 self._check_wait_queues(connection)
             last_activity = time.monotonic()
-            consuming = channel.consume(self.config.queue, inactivity_timeout=0.25)
+            # a batch waits at most ack_interval for more deliveries
+            tick = self.config.ack_interval if self.config.ack_batch > 1 else 0.25
+            consuming = channel.consume(self.config.queue, inactivity_timeout=tick)
         except pe.ChannelClosedByBroker as e:
             raise translate(e, self.settings) from e  # e.g. 404 no queue: not retried
         except Exception as e:
             raise translate(e, self.settings) from e
         try:
+            pending: list[tuple[Any, Any, bytes]] = []
+            batch_started = 0.0
             for method, properties, body in consuming:
-                if self._stopping or self._done():
-                    break
-                if method is None:
-                    idle = self.config.idle_exit
-                    if idle is not None and time.monotonic() - last_activity >= idle:
-                        break
-                    continue
-                self._handle(connection, channel, dl_channel, method, properties, body)
-                last_activity = time.monotonic()
+                if method is not None:
+                    if not pending:
+                        batch_started = time.monotonic()
+                    pending.append((method, properties, body))
+                    last_activity = time.monotonic()
+                full = len(pending) >= self._batch_size()
+                due = bool(pending) and (
+                    method is None or time.monotonic() - batch_started >= self.config.ack_interval
+                )
+                if full or due:
+                    self._handle(connection, channel, dl_channel, pending)
+                    pending = []
                 if self._done():
+                    break
+                idle = self.config.idle_exit
+                if method is None and idle is not None and time.monotonic() - last_activity >= idle:
                     break
             channel.cancel()  # requeues deliveries prefetched but not handled
         except DeadLetterFailed:
@@ -210,116 +254,158 @@ class Consumer:
             log.warning("consumer connection lost (%s); reconnecting", error)
             raise error from e
 
+    def _batch_size(self) -> int:
+        """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""
+        size = self.config.ack_batch
+        if self.config.max_messages is not None:
+            size = min(size, max(1, self.config.max_messages - self.handled))
+        return size
+
     def _done(self) -> bool:
         limit = self.config.max_messages
         return self._stopping or (limit is not None and self.handled >= limit)
 
-    # --- one delivery ----------------------------------------------------------------------------
+    # --- deliveries -------------------------------------------------------------------------
+    def _prepare(self, method: Any, properties: Any, body: bytes) -> _Delivery:
+        """Decode one delivery (pure but for the clock); a bad one carries its InvalidMessage."""
+        d = _Delivery(
+            method,
+            properties,
+            body,
+            self.clock(),
+            properties.message_id or None,
+            bool(method.redelivered),
+            dict(properties.headers or {}),
+        )
+        try:
+            attempts_before = header_attempts(d.headers)
+        except InvalidMessage as e:
+            attempts_before, d.error = 0, e
+        d.attempt = attempt_number(attempts_before, d.redelivered, self.config.retry)
+        if d.error is None:
+            try:
+                if d.message_id is None:
+                    raise InvalidMessage("missing message_id property")
+                d.task = Task(
+                    message_id=d.message_id,
+                    body=decode_body(body, properties.content_type, self.config.max_body_bytes),
+                    headers=d.headers,
+                    exchange=method.exchange,
+                    routing_key=method.routing_key,
+                    redelivered=d.redelivered,
+                    attempt=d.attempt,
+                )
+            except InvalidMessage as e:
+                d.error = e
+        return d
+
+    def _run_handlers(self, connection: Any, batch: list[_Delivery]) -> None:
+        """Run the handlers of ``batch`` in the worker thread - one store transaction for the
+        whole batch when the store supports it - while this thread pumps the connection."""
+        work = [d for d in batch if d.task is not None]
+        if not work:
+            return
+        future = self._executor.submit(self._process, work)
+        # wake process_data_events as soon as the handlers are done
+        future.add_done_callback(lambda _: connection.add_callback_threadsafe(lambda: None))
+        self._wait(connection, future)
+
+    def _process(self, work: list[_Delivery]) -> None:
+        """Worker thread: claim + handler per delivery, committed before any ack."""
+        if len(work) > 1 and hasattr(self.store, "process_batch"):
+            pairs = [
+                (d.message_id, functools.partial(self.handler, d.task))
+                for d in work
+                if d.task is not None
+            ]
+            for d, result in zip(work, self.store.process_batch(pairs), strict=True):
+                d.duplicate = result is False
+                d.error = result if isinstance(result, BaseException) else None
+            return
+        for d in work:
+            assert d.task is not None and d.message_id is not None
+            try:
+                d.duplicate = not self.store.process_once(
+                    d.message_id, functools.partial(self.handler, d.task)
+                )
+            except Exception as e:  # the handler's error decides the settlement
+                d.error = e
+
     def _handle(
         self,
         connection: Any,
         channel: Any,
         dl_channel: Any,
-        method: Any,
-        properties: Any,
-        body: bytes,
+        deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
-        now = self.clock()
-        message_id = properties.message_id or None
-        redelivered = bool(method.redelivered)
-        headers = dict(properties.headers or {})
-        error: BaseException | None = None
-        duplicate = False
-        try:
-            attempts_before = header_attempts(headers)
-        except InvalidMessage as e:
-            attempts_before, error = 0, e
-        attempt = attempt_number(attempts_before, redelivered, self.config.retry)
-        first_seen = now if message_id is None else self.store.first_seen(message_id, now)
-        first_seen_at = headers.get(FIRST_SEEN_HEADER)
-        if not isinstance(first_seen_at, str):
-            first_seen_at = utc_iso(first_seen)
-        task: Task | None = None
-        if error is None:
-            try:
-                if message_id is None:
-                    raise InvalidMessage("missing message_id property")
-                task = Task(
-                    message_id=message_id,
-                    body=decode_body(body, properties.content_type, self.config.max_body_bytes),
-                    headers=headers,
-                    exchange=method.exchange,
-                    routing_key=method.routing_key,
-                    redelivered=redelivered,
-                    attempt=attempt,
-                )
-            except InvalidMessage as e:
-                error = e
-        if task is not None:
-            future = self._executor.submit(
-                self.store.process_once, task.message_id, functools.partial(self.handler, task)
-            )
-            try:
-                duplicate = not self._wait(connection, future)
-            except Exception as e:
-                error = e
-        settlement = decide(classify(error), attempt, redelivered, self.config.retry)
-        wait: float | None = None
-        self.handled += 1
-        if settlement.action is Action.ACK:
-            self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
-            outcome = "duplicate" if duplicate else "processed"
-        elif settlement.action is Action.REQUEUE:
+        """Handle deliveries: run the handlers, settle failures one by one (confirmed writes
+        first), then ack the successes - with one basic.ack(multiple=True) for a batch."""
+        batch = [self._prepare(m, p, b) for m, p, b in deliveries]
+        self._run_handlers(connection, batch)
+        reports: list[DeliveryReport] = []
+        last_ok: _Delivery | None = None
+        for d in batch:
+            settlement = decide(classify(d.error), d.attempt, d.redelivered, self.config.retry)
+            self.handled += 1
+            if settlement.action is Action.ACK:
+                last_ok = d
+                outcome = "duplicate" if d.duplicate else "processed"
+                reports.append(d.report(outcome, settlement.attempts))
+                continue
+            reports.append(self._settle_failure(channel, dl_channel, d, settlement))
+        if last_ok is not None:
+            tag = last_ok.method.delivery_tag
+            # every delivery up to `tag` is either a success or already settled above
             self._settle(
-                channel, lambda: channel.basic_nack(method.delivery_tag, requeue=True), message_id
+                channel, lambda: channel.basic_ack(tag, multiple=len(batch) > 1), last_ok.message_id
             )
-            outcome = "requeued"
-        elif settlement.action is Action.RETRY_LATER:
+        for report in reports:
+            self.on_report(report)
+
+    def _settle_failure(
+        self, channel: Any, dl_channel: Any, d: _Delivery, settlement: Settlement
+    ) -> DeliveryReport:
+        tag = d.method.delivery_tag
+        assert d.error is not None
+        first_seen_at = d.headers.get(FIRST_SEEN_HEADER)
+        if not isinstance(first_seen_at, str):
+            # recorded at the first failure, with that delivery's receipt time, so it survives
+            # redeliveries (a nack cannot add headers); successes never pay for this write
+            seen = d.now if d.message_id is None else self.store.first_seen(d.message_id, d.now)
+            first_seen_at = utc_iso(seen)
+        if settlement.action is Action.REQUEUE:
+            self._settle(channel, lambda: channel.basic_nack(tag, requeue=True), d.message_id)
+            return d.report("requeued", settlement.attempts)
+        if settlement.action is Action.RETRY_LATER:
             wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
             self._publish_retry(
-                dl_channel, method, properties, body, settlement.attempts, first_seen_at, wait
+                dl_channel, d.method, d.properties, d.body, settlement.attempts, first_seen_at, wait
             )
-            self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
-            outcome = "requeued"
+            self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
+            return d.report("requeued", settlement.attempts, wait)
+        if self.config.dead_letter == "reject":
+            self._settle(channel, lambda: channel.basic_reject(tag, requeue=False), d.message_id)
         else:
-            assert error is not None
-            if self.config.dead_letter == "reject":
-                self._settle(
-                    channel,
-                    lambda: channel.basic_reject(method.delivery_tag, requeue=False),
-                    message_id,
-                )
-            else:
-                record = build_record(
-                    body=body,
-                    message_id=message_id,
-                    exchange=method.exchange,
-                    routing_key=method.routing_key,
-                    queue=self.config.queue,
-                    content_type=properties.content_type,
-                    headers=headers,
-                    error=error,
-                    classification=_record_class(settlement.classification),
-                    attempts=settlement.attempts,
-                    first_seen_at=first_seen_at,
-                    failed_at=self.clock(),
-                )
-                self._publish_record(dl_channel, record, method.routing_key)
-                self._settle(channel, lambda: channel.basic_ack(method.delivery_tag), message_id)
-            outcome = "dead-lettered"
-        self.on_report(
-            DeliveryReport(
-                message_id,
-                outcome,
-                settlement.attempts,
-                redelivered,
-                None if error is None else f"{type(error).__name__}: {error}",
-                wait,
+            record = build_record(
+                body=d.body,
+                message_id=d.message_id,
+                exchange=d.method.exchange,
+                routing_key=d.method.routing_key,
+                queue=self.config.queue,
+                content_type=d.properties.content_type,
+                headers=d.headers,
+                error=d.error,
+                classification=_record_class(settlement.classification),
+                attempts=settlement.attempts,
+                first_seen_at=first_seen_at,
+                failed_at=self.clock(),
             )
-        )
+            self._publish_record(dl_channel, record, d.method.routing_key)
+            self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
+        return d.report("dead-lettered", settlement.attempts)
 
-    def _wait(self, connection: Any, future: Future[bool]) -> bool:
-        """Wait for the handler while pumping I/O so heartbeats keep flowing."""
+    def _wait(self, connection: Any, future: Future[None]) -> None:
+        """Wait for the handlers while pumping I/O so heartbeats keep flowing."""
         pump_error: BaseException | None = None
         while not future.done():
             if pump_error is None:
@@ -330,9 +416,9 @@ class Consumer:
             else:
                 time.sleep(0.05)
         if pump_error is not None:
-            future.exception()  # the handler's work is committed (or rolled back) by now
+            future.exception()  # the handlers' work is committed (or rolled back) by now
             raise _StaleDelivery(f"connection lost while the handler ran: {pump_error}")
-        return future.result()
+        future.result()
 
     def _settle(self, channel: Any, settle: Callable[[], None], message_id: str | None) -> None:
         """Settle on the delivering channel only; drop the settlement if it has closed."""

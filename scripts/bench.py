@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Throughput with every safety on, against raw pika, in one run on the same broker.
+
+Measures msg/s (median of --repeat runs) for: raw pika fire-and-forget publish, pika with a
+confirm round trip per message, our pipelined publisher (confirms + mandatory + persistent +
+message_id), raw auto-ack consume, and our consumer (manual ack in batches after the SQLite
+dedup commit). Then publish->processed latency (p50 / p99) at a fixed rate, with the consumer in
+another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and deletes it.
+
+    python scripts/bench.py [--messages 20000] [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pika
+from _cli import EXIT_OK, run, settings_from_env
+
+from amqp_lab.connection import connect
+from amqp_lab.consumer import Consumer, ConsumerConfig
+from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.message import OutgoingMessage
+from amqp_lab.pipeline import PipelinedPublisher
+from amqp_lab.settings import BrokerSettings
+
+QUEUE = "q:bench"
+# a valid lab task of 256 bytes, so our consumer decodes it as it would any task
+BODY = b'{"kind":"ok","seq":0,"pad":"' + b"x" * 226 + b'"}'
+assert len(BODY) == 256
+
+
+def fresh_queue(settings: BrokerSettings) -> None:
+    connection = connect(settings)
+    channel = connection.channel()
+    channel.queue_declare(QUEUE, durable=True)
+    channel.queue_purge(QUEUE)
+    connection.close()
+
+
+def raw_publish(settings: BrokerSettings, n: int) -> float:
+    connection = connect(settings)
+    channel = connection.channel()
+    props = pika.BasicProperties(delivery_mode=2)
+    started = time.perf_counter()
+    for _ in range(n):
+        channel.basic_publish("", QUEUE, BODY, props)
+    connection.process_data_events(0)
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return n / elapsed
+
+
+def sync_confirms(settings: BrokerSettings, n: int) -> float:
+    connection = connect(settings)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    props = pika.BasicProperties(delivery_mode=2)
+    started = time.perf_counter()
+    for _ in range(n):
+        channel.basic_publish("", QUEUE, BODY, props, mandatory=True)
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return n / elapsed
+
+
+def messages(n: int, prefix: str) -> list[OutgoingMessage]:
+    return [
+        OutgoingMessage(
+            body=BODY,
+            message_id=f"{prefix}-{i}",
+            exchange="",
+            routing_key=QUEUE,
+            content_type="application/json",
+        )
+        for i in range(n)
+    ]
+
+
+def our_publish(settings: BrokerSettings, n: int, window: int) -> float:
+    batch = messages(n, f"p{time.time_ns()}")
+    started = time.perf_counter()
+    with PipelinedPublisher(settings, window=window) as publisher:
+        result = publisher.publish_many(batch).wait()
+    elapsed = time.perf_counter() - started
+    if result.failures:
+        raise SystemExit(f"publisher: {len(result.failures)} failures: {result.failures[0][1]}")
+    return n / elapsed
+
+
+def raw_consume(settings: BrokerSettings, n: int) -> float:
+    connection = connect(settings)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=1000)
+    count = 0
+    started = time.perf_counter()
+    for method, _, _ in channel.consume(QUEUE, auto_ack=True, inactivity_timeout=5):
+        if method is None:
+            break
+        count += 1
+        if count == n:
+            break
+    elapsed = time.perf_counter() - started
+    channel.cancel()
+    connection.close()
+    return count / elapsed
+
+
+def noop(task: Any, db: Any) -> None:
+    """The bench handler: the dedup claim is the only write."""
+
+
+def our_consume(settings: BrokerSettings, n: int, batch: int, path: Path) -> float:
+    store = SqliteDedupStore(path)
+    config = ConsumerConfig(
+        queue=QUEUE, prefetch=batch * 2, ack_batch=batch, max_messages=n, idle_exit=5
+    )
+    started = time.perf_counter()
+    handled = Consumer(settings, noop, store, config, on_report=lambda r: None).run()
+    elapsed = time.perf_counter() - started
+    store.close()
+    return handled / elapsed
+
+
+def fill(settings: BrokerSettings, n: int) -> None:
+    with PipelinedPublisher(settings, window=1000) as publisher:
+        publisher.publish_many(messages(n, f"f{time.time_ns()}")).wait()
+
+
+def latency(settings: BrokerSettings, rate: int, seconds: float, batch: int) -> dict[str, float]:
+    """Publish at ``rate`` msg/s with a send timestamp; a consumer process reports latencies."""
+    n = int(rate * seconds)
+    consumer = subprocess.Popen(
+        [sys.executable, __file__, "--latency-consumer", str(n), "--batch", str(batch)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    time.sleep(2)  # let it subscribe
+    with PipelinedPublisher(settings, window=1000) as publisher:
+        started = time.perf_counter()
+        for i in range(n):
+            due = started + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            publisher.publish_async(
+                OutgoingMessage(
+                    body=BODY,
+                    message_id=f"lat-{time.time_ns()}-{i}",
+                    exchange="",
+                    routing_key=QUEUE,
+                    headers={"sent_ns": time.time_ns()},
+                    content_type="application/json",
+                )
+            )
+        publisher.flush()
+    out, _ = consumer.communicate(timeout=120)
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def latency_consumer(settings: BrokerSettings, n: int, batch: int) -> int:
+    samples: list[float] = []
+
+    def handler(task: Any, db: Any) -> None:
+        samples.append((time.time_ns() - task.headers["sent_ns"]) / 1e6)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqliteDedupStore(Path(tmp) / "lat.sqlite3")
+        Consumer(
+            settings,
+            handler,
+            store,
+            ConsumerConfig(
+                queue=QUEUE, prefetch=batch * 2, ack_batch=batch, max_messages=n, idle_exit=10
+            ),
+            on_report=lambda r: None,
+        ).run()
+    samples.sort()
+    print(
+        json.dumps(
+            {
+                "latency_p50_ms": round(statistics.median(samples), 2),
+                "latency_p99_ms": round(samples[int(len(samples) * 0.99) - 1], 2),
+                "latency_samples": len(samples),
+            }
+        )
+    )
+    return EXIT_OK
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--window", type=int, default=1000, help="unconfirmed in flight")
+    parser.add_argument("--batch", type=int, default=200, help="consumer ack batch")
+    parser.add_argument("--rate", type=int, default=1000, help="latency test, msg/s")
+    parser.add_argument("--seconds", type=float, default=5.0, help="latency test duration")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    settings = settings_from_env("amqp-lab bench", heartbeat=60)
+    if args.latency_consumer is not None:
+        return latency_consumer(settings, args.latency_consumer, args.batch)
+    n = args.messages
+    fresh_queue(settings)
+    results: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "raw_fire_and_forget",
+            "pika_sync_confirms",
+            "our_publisher",
+            "raw_auto_ack_consume",
+            "our_consumer",
+        )
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeat):
+            results["raw_fire_and_forget"].append(raw_publish(settings, n))
+            results["raw_auto_ack_consume"].append(raw_consume(settings, n))
+            results["pika_sync_confirms"].append(sync_confirms(settings, max(500, n // 10)))
+            fresh_queue(settings)
+            results["our_publisher"].append(our_publish(settings, n, args.window))
+            results["our_consumer"].append(
+                our_consume(settings, n, args.batch, Path(tmp) / f"dedup-{r}.sqlite3")
+            )
+            fresh_queue(settings)
+            print(f"... repetition {r + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    median = {k: statistics.median(v) for k, v in results.items()}
+    lat = latency(settings, args.rate, args.seconds, args.batch)
+    rss_mb = (
+        max(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+        )
+        / 1024
+    )
+    connection = connect(settings)
+    connection.channel().queue_delete(QUEUE)
+    connection.close()
+    summary = {
+        **{f"{k}_msg_s": round(v) for k, v in median.items()},
+        "publisher_vs_fire_and_forget": round(
+            median["our_publisher"] / median["raw_fire_and_forget"], 3
+        ),
+        "publisher_vs_sync_confirms": round(
+            median["our_publisher"] / median["pika_sync_confirms"], 2
+        ),
+        "consumer_vs_auto_ack": round(median["our_consumer"] / median["raw_auto_ack_consume"], 3),
+        **lat,
+        "peak_rss_mb": round(rss_mb, 1),
+        "messages": n,
+        "repeat": args.repeat,
+        "body_bytes": len(BODY),
+    }
+    print(f"{'path':28} {'msg/s (median of ' + str(args.repeat) + ')':>22}")
+    for key, value in median.items():
+        print(f"{key:28} {value:>22,.0f}")
+    print(
+        f"publisher / fire-and-forget  {summary['publisher_vs_fire_and_forget']:>8} (target >= 0.7)"
+    )
+    print(f"publisher / sync confirms    {summary['publisher_vs_sync_confirms']:>8} (target >= 8)")
+    print(f"consumer / auto-ack          {summary['consumer_vs_auto_ack']:>8} (target >= 0.5)")
+    print(
+        f"latency at {args.rate} msg/s: p50 {lat['latency_p50_ms']} ms, "
+        f"p99 {lat['latency_p99_ms']} ms (target p99 < 20)"
+    )
+    print(f"peak RSS {summary['peak_rss_mb']} MB")
+    if args.json:
+        print(json.dumps(summary))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)
