@@ -101,7 +101,7 @@ class ConsumerConfig:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeliveryReport:
     """One delivery's outcome: processed | duplicate | requeued | dead-lettered | dropped-stale."""
 
@@ -122,7 +122,7 @@ class DeliveryReport:
         return text + (f" error={self.error!r}" if self.error else "")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Delivery:
     """One delivery on its way through decode, handler and settlement."""
 
@@ -141,6 +141,9 @@ class _Delivery:
     def report(self, outcome: str, attempts: int, wait: float | None = None) -> DeliveryReport:
         error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
         return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
+
+
+_InFlight = tuple[list[_Delivery], "Future[None] | None"]
 
 
 class _StaleDelivery(Exception):
@@ -168,6 +171,7 @@ class Consumer:
         self.clock = clock
         self.uniform = uniform
         self.handled = 0
+        self._in_flight = 0  # deliveries of the batch whose commit is under way
         self.connections_opened = 0
         self._stopping = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
@@ -220,6 +224,7 @@ class Consumer:
             raise translate(e, self.settings) from e
         try:
             pending: list[tuple[Any, Any, bytes]] = []
+            in_flight: _InFlight | None = None
             batch_started = 0.0
             for method, properties, body in consuming:
                 if method is not None:
@@ -232,13 +237,23 @@ class Consumer:
                     method is None or time.monotonic() - batch_started >= self.config.ack_interval
                 )
                 if full or due:
-                    self._handle(connection, channel, dl_channel, pending)
+                    if self.config.ack_batch > 1:
+                        in_flight = self._advance(
+                            connection, channel, dl_channel, in_flight, pending
+                        )
+                    else:
+                        self._handle(connection, channel, dl_channel, pending)
                     pending = []
+                elif method is None and in_flight is not None:
+                    self._finish(connection, channel, dl_channel, in_flight)
+                    in_flight = None
                 if self._done():
                     break
                 idle = self.config.idle_exit
                 if method is None and idle is not None and time.monotonic() - last_activity >= idle:
                     break
+            if in_flight is not None:
+                self._finish(connection, channel, dl_channel, in_flight)
             channel.cancel()  # requeues deliveries prefetched but not handled
         except DeadLetterFailed:
             raise
@@ -258,12 +273,13 @@ class Consumer:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""
         size = self.config.ack_batch
         if self.config.max_messages is not None:
-            size = min(size, max(1, self.config.max_messages - self.handled))
+            size = min(size, max(1, self.config.max_messages - self.handled - self._in_flight))
         return size
 
     def _done(self) -> bool:
         limit = self.config.max_messages
-        return self._stopping or (limit is not None and self.handled >= limit)
+        taken = self.handled + self._in_flight
+        return self._stopping or (limit is not None and taken >= limit)
 
     # --- deliveries -------------------------------------------------------------------------
     def _prepare(self, method: Any, properties: Any, body: bytes) -> _Delivery:
@@ -299,16 +315,16 @@ class Consumer:
                 d.error = e
         return d
 
-    def _run_handlers(self, connection: Any, batch: list[_Delivery]) -> None:
-        """Run the handlers of ``batch`` in the worker thread - one store transaction for the
-        whole batch when the store supports it - while this thread pumps the connection."""
+    def _submit(self, connection: Any, batch: list[_Delivery]) -> Future[None] | None:
+        """Start the handlers of ``batch`` in the worker thread - one store transaction for the
+        whole batch when the store supports it. None when no delivery decoded to a task."""
         work = [d for d in batch if d.task is not None]
         if not work:
-            return
+            return None
         future = self._executor.submit(self._process, work)
         # wake process_data_events as soon as the handlers are done
         future.add_done_callback(lambda _: connection.add_callback_threadsafe(lambda: None))
-        self._wait(connection, future)
+        return future
 
     def _process(self, work: list[_Delivery]) -> None:
         """Worker thread: claim + handler per delivery, committed before any ack."""
@@ -338,10 +354,35 @@ class Consumer:
         dl_channel: Any,
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
-        """Handle deliveries: run the handlers, settle failures one by one (confirmed writes
-        first), then ack the successes - with one basic.ack(multiple=True) for a batch."""
+        """Handle deliveries now: prepare, run the handlers, settle."""
         batch = [self._prepare(m, p, b) for m, p, b in deliveries]
-        self._run_handlers(connection, batch)
+        self._in_flight += len(batch)
+        self._finish(connection, channel, dl_channel, (batch, self._submit(connection, batch)))
+
+    def _advance(
+        self,
+        connection: Any,
+        channel: Any,
+        dl_channel: Any,
+        previous: _InFlight | None,
+        deliveries: list[tuple[Any, Any, bytes]],
+    ) -> _InFlight:
+        """Batch mode, pipelined: decode the next batch while the worker thread commits the
+        previous one, then settle the previous one and start the next. Acks stay in order and
+        each follows its own batch's commit."""
+        batch = [self._prepare(m, p, b) for m, p, b in deliveries]
+        self._in_flight += len(batch)
+        if previous is not None:
+            self._finish(connection, channel, dl_channel, previous)
+        return batch, self._submit(connection, batch)
+
+    def _finish(self, connection: Any, channel: Any, dl_channel: Any, in_flight: _InFlight) -> None:
+        """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
+        first), then ack the successes - with one basic.ack(multiple=True) for a batch."""
+        batch, future = in_flight
+        if future is not None:
+            self._wait(connection, future)
+        self._in_flight -= len(batch)
         reports: list[DeliveryReport] = []
         last_ok: _Delivery | None = None
         for d in batch:

@@ -6,8 +6,12 @@ processed: the delivery is acked without running the handler. A crash between co
 causes a redelivery, which is then skipped and acked: at-least-once delivery plus idempotent
 processing.
 
-The embedded default is SQLite in WAL mode. The store also remembers ``first_seen_at`` per
-message_id, because a broker redelivery (nack requeue) cannot carry new headers.
+The embedded default is SQLite in WAL mode; several processes may share one file (each
+transaction starts with ``BEGIN IMMEDIATE`` and waits up to 30 s for the write lock). PostgreSQL
+(:mod:`amqp_lab.dedup_postgres`) sits behind the same interface for workers on many hosts;
+:func:`open_store` picks one from a path or URL. The store also remembers ``first_seen_at`` per
+message_id, because a broker redelivery (nack requeue) cannot carry new headers. Records older
+than the retention window are removed with ``purge`` (:mod:`amqp_lab.retention`).
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from amqp_lab.errors import DedupStoreError
+from amqp_lab.errors import ConfigurationError, DedupStoreError
+from amqp_lab.settings import mask_url
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS processed (
@@ -31,7 +39,25 @@ CREATE TABLE IF NOT EXISTS first_seen (
     message_id    TEXT PRIMARY KEY,
     first_seen_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at);
+CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at);
 """
+
+
+@dataclass(frozen=True)
+class Purged:
+    """Records removed by a purge: processed claims and first_seen entries."""
+
+    processed: int
+    first_seen: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """``processed``: claims held; ``oldest``: the oldest claim's time (epoch seconds) or None."""
+
+    processed: int
+    oldest: float | None
 
 
 class DedupStore(Protocol):
@@ -53,11 +79,82 @@ class DedupStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqliteDedupStore:
-    """SQLite store (WAL mode) at ``path``; safe to share between threads of one process."""
+class ManagedDedupStore(DedupStore, Protocol):
+    """A store with retention and direct access, as :func:`open_store` returns it."""
 
-    def __init__(self, path: Path | str) -> None:
+    @property
+    def placeholder(self) -> str:
+        """The SQL parameter placeholder of the store's connection: ``?`` or ``%s``."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where the store is, for messages (a path, or a URL with the password masked)."""
+        ...
+
+    def purge(self, older_than: float) -> Purged:
+        """Delete claims and first_seen entries recorded before ``older_than`` (epoch seconds)."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """How many claims the store holds and when the oldest was made."""
+        ...
+
+    def run_in_transaction(self, work: Callable[[Any], T]) -> T:
+        """Run ``work(connection)`` in one transaction (no claim), commit, return its result."""
+        ...
+
+
+def placeholder_for(db: Any) -> str:
+    """The SQL parameter placeholder for a store connection handed to a handler."""
+    return "?" if isinstance(db, sqlite3.Connection) else "%s"
+
+
+def store_kind(url_or_path: str | Path) -> tuple[Literal["sqlite", "postgresql"], str]:
+    """Which store a ``--dedup-url`` names: ``("sqlite", path)`` for a plain path or
+    ``sqlite:///PATH`` (``sqlite:////abs/path`` for an absolute one), ``("postgresql", url)`` for
+    ``postgresql://`` or ``postgres://``. Raises ConfigurationError for anything else."""
+    text = str(url_or_path)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        if not text:
+            raise ConfigurationError("empty dedup store path")
+        return "sqlite", text
+    if scheme.lower() in ("postgresql", "postgres"):
+        return "postgresql", text
+    if scheme.lower() == "sqlite" and rest.startswith("/") and len(rest) > 1:
+        return "sqlite", rest[1:]
+    raise ConfigurationError(
+        f"unsupported dedup store {mask_url(text)!r}: use a file path, sqlite:///PATH or "
+        "postgresql://user@host:5432/dbname"
+    )
+
+
+def open_store(
+    url_or_path: str | Path, clock: Callable[[], float] = time.time
+) -> ManagedDedupStore:
+    """Open the store :func:`store_kind` names (PostgreSQL via psycopg 3, else SQLite); ``clock``
+    gives claim times (epoch seconds). Raises ConfigurationError for an unknown scheme,
+    DedupStoreError when it cannot be opened."""
+    kind, target = store_kind(url_or_path)
+    if kind == "postgresql":
+        from amqp_lab.dedup_postgres import PostgresDedupStore
+
+        return PostgresDedupStore(target, clock)
+    return SqliteDedupStore(target, clock)
+
+
+class SqliteDedupStore:
+    """SQLite store (WAL mode) at ``path``; safe to share between threads of one process and
+    between processes on one host (not over a network file system)."""
+
+    placeholder = "?"
+
+    def __init__(self, path: Path | str, clock: Callable[[], float] = time.time) -> None:
+        """Open (create) the SQLite file at ``path``; ``clock`` gives claim times in epoch
+        seconds. Raises DedupStoreError when it cannot be opened."""
         self.path = Path(path)
+        self._clock = clock
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
@@ -73,7 +170,10 @@ class SqliteDedupStore:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")  # waits up to 30 s for the write lock
+            except sqlite3.Error as e:
+                raise DedupStoreError(f"cannot begin a transaction in {self.path}: {e}") from e
             try:
                 yield self._db
             except BaseException:
@@ -89,34 +189,152 @@ class SqliteDedupStore:
     def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
         """See :class:`DedupStore`. Commits (fsync, synchronous=FULL) before returning True."""
         with self._transaction() as db:
-            cursor = db.execute(
-                "INSERT INTO processed(message_id, processed_at) VALUES (?, ?) "
-                "ON CONFLICT(message_id) DO NOTHING",
-                (message_id, time.time()),
-            )
+            try:
+                cursor = db.execute(
+                    "INSERT INTO processed(message_id, processed_at) VALUES (?, ?) "
+                    "ON CONFLICT(message_id) DO NOTHING",
+                    (message_id, self._clock()),
+                )
+            except sqlite3.Error as e:
+                raise DedupStoreError(f"claim of {message_id!r} failed in {self.path}: {e}") from e
             if cursor.rowcount == 0:
                 return False
             work(db)
         return True
 
-    def first_seen(self, message_id: str, now: float) -> float:
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        """:meth:`process_once` for many deliveries in ONE transaction (one fsync). Returns, per
+        delivery, True (processed), False (already processed: a duplicate, also within the
+        batch) or the exception its work raised, whose writes alone were rolled back.
+        Everything is committed before this returns; the caller acks afterwards.
+
+        Fast path: one SELECT finds the claims already held, the handlers run, one executemany
+        inserts the new claims. If a handler raises, the batch is rolled back to its start and
+        run again with a SAVEPOINT per delivery, so only the failing delivery's writes go."""
+        now = self._clock()
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO first_seen(message_id, first_seen_at) VALUES (?, ?) "
-                "ON CONFLICT(message_id) DO NOTHING",
-                (message_id, now),
+            db.execute("SAVEPOINT batch")
+            try:
+                results = self._batch_fast(db, batch, now)
+            except Exception:
+                db.execute("ROLLBACK TO batch")
+                results = self._batch_per_delivery(db, batch, now)
+            db.execute("RELEASE batch")
+        return results
+
+    @staticmethod
+    def _batch_fast(
+        db: sqlite3.Connection, batch: list[tuple[str, Callable[[Any], None]]], now: float
+    ) -> list[bool | BaseException]:
+        ids = [message_id for message_id, _ in batch]
+        held: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = db.execute(
+                f"SELECT message_id FROM processed WHERE message_id IN ({marks})", chunk
             )
-            row = db.execute(
-                "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
-            ).fetchone()
+            held.update(r[0] for r in rows)
+        results: list[bool | BaseException] = []
+        claims: list[tuple[str, float]] = []
+        for message_id, work in batch:
+            if message_id in held:
+                results.append(False)
+                continue
+            held.add(message_id)
+            work(db)
+            claims.append((message_id, now))
+            results.append(True)
+        db.executemany("INSERT INTO processed(message_id, processed_at) VALUES (?, ?)", claims)
+        return results
+
+    @staticmethod
+    def _batch_per_delivery(
+        db: sqlite3.Connection, batch: list[tuple[str, Callable[[Any], None]]], now: float
+    ) -> list[bool | BaseException]:
+        results: list[bool | BaseException] = []
+        for message_id, work in batch:
+            db.execute("SAVEPOINT delivery")
+            try:
+                cursor = db.execute(
+                    "INSERT INTO processed(message_id, processed_at) VALUES (?, ?) "
+                    "ON CONFLICT(message_id) DO NOTHING",
+                    (message_id, now),
+                )
+                if cursor.rowcount == 1:
+                    work(db)
+                results.append(cursor.rowcount == 1)
+            except Exception as e:  # the handler's error: roll back this delivery only
+                db.execute("ROLLBACK TO delivery")
+                results.append(e)
+            db.execute("RELEASE delivery")
+        return results
+
+    def first_seen(self, message_id: str, now: float) -> float:
+        """See :class:`DedupStore`; ``now`` in epoch seconds. Raises DedupStoreError."""
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO first_seen(message_id, first_seen_at) VALUES (?, ?) "
+                    "ON CONFLICT(message_id) DO NOTHING",
+                    (message_id, now),
+                )
+                row = db.execute(
+                    "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
+                ).fetchone()
+        except sqlite3.Error as e:
+            raise DedupStoreError(f"first_seen of {message_id!r} failed in {self.path}: {e}") from e
         return float(row[0])
 
     def is_processed(self, message_id: str) -> bool:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM processed WHERE message_id = ?", (message_id,)
-            ).fetchone()
+        """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    "SELECT 1 FROM processed WHERE message_id = ?", (message_id,)
+                ).fetchone()
+        except sqlite3.Error as e:
+            raise DedupStoreError(f"cannot read {self.path}: {e}") from e
         return row is not None
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def purge(self, older_than: float) -> Purged:
+        """DELETE claims and first_seen entries recorded before ``older_than`` (epoch seconds),
+        in one transaction. Raises DedupStoreError."""
+        try:
+            with self._transaction() as db:
+                processed = db.execute(
+                    "DELETE FROM processed WHERE processed_at < ?", (older_than,)
+                ).rowcount
+                seen = db.execute(
+                    "DELETE FROM first_seen WHERE first_seen_at < ?", (older_than,)
+                ).rowcount
+        except sqlite3.Error as e:
+            raise DedupStoreError(f"purge failed in {self.path}: {e}") from e
+        return Purged(processed, seen)
+
+    def stats(self) -> StoreStats:
+        """How many claims the store holds and the oldest one's time. Raises DedupStoreError."""
+        try:
+            with self._lock:
+                count, oldest = self._db.execute(
+                    "SELECT count(*), min(processed_at) FROM processed"
+                ).fetchone()
+        except sqlite3.Error as e:
+            raise DedupStoreError(f"cannot read {self.path}: {e}") from e
+        return StoreStats(int(count), None if oldest is None else float(oldest))
+
+    def run_in_transaction(self, work: Callable[[Any], T]) -> T:
+        """Run ``work(connection)`` in one write transaction and commit; rolls back and
+        re-raises if it raises."""
+        with self._transaction() as db:
+            result = work(db)
+        return result
 
     def close(self) -> None:
         self._db.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from amqp_lab.dedup import placeholder_for
 from amqp_lab.errors import BusinessError, TransientError
 from amqp_lab.message import Task
 
@@ -31,8 +32,23 @@ def lab_handler(task: Task, db: Any) -> None:
         raise BusinessError(f"schema violation: seq {task.body.get('seq')!r} has no 'customer'")
     if kind not in KINDS:
         raise BusinessError(f"unknown task kind {kind!r}")
-    db.execute("CREATE TABLE IF NOT EXISTS effects (message_id TEXT, kind TEXT, applied_at REAL)")
+    p = placeholder_for(db)  # SQLite or PostgreSQL, whichever the dedup store is
+    _ensure_effects(db, postgres=p == "%s")
     db.execute(
-        "INSERT INTO effects(message_id, kind, applied_at) VALUES (?, ?, ?)",
+        f"INSERT INTO effects(message_id, kind, applied_at) VALUES ({p}, {p}, {p})",
         (task.message_id, kind, time.time()),
+    )
+
+
+def _ensure_effects(db: Any, postgres: bool) -> None:
+    """CREATE TABLE IF NOT EXISTS effects. On PostgreSQL two first transactions creating it at
+    once collide (a unique violation in pg_type), so the first creation is serialized by a
+    transaction-scoped advisory lock; once the table exists no lock is taken."""
+    if postgres:
+        if db.execute("SELECT to_regclass('effects')").fetchone()[0] is not None:
+            return
+        db.execute("SELECT pg_advisory_xact_lock(hashtext('amqp-lab effects'))")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS effects "
+        "(message_id TEXT, kind TEXT, applied_at DOUBLE PRECISION)"
     )

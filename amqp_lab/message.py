@@ -77,7 +77,7 @@ def task_message(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Task:
     """A decoded task delivery, handed to the handler."""
 

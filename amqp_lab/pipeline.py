@@ -339,8 +339,8 @@ class PipelinedPublisher:
                     (
                         item,
                         MessageUnroutable(
-                            f"unroutable: exchange {item.message.exchange!r} has no queue bound for "
-                            f"routing key {item.message.routing_key!r}",
+                            f"unroutable: exchange {item.message.exchange!r} has no queue "
+                            f"bound for routing key {item.message.routing_key!r}",
                             message_id,
                         ),
                     )

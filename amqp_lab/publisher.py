@@ -91,6 +91,11 @@ class Publisher:
         close_quietly(self._connection)
         self._connection = self._channel = None
 
+    def connect(self) -> None:
+        """Open the connection and its confirm channel now instead of at the first publish.
+        Raises BrokerConnectionError subclasses (not retried)."""
+        self._ensure_channel()
+
     def _ensure_channel(self) -> Any:
         if self._connection is None or not self._connection.is_open:
             self.close()

@@ -13,8 +13,16 @@ import re
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
 from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
-from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.dedup import open_store
 from amqp_lab.lab import lab_handler
+from amqp_lab.retention import (
+    DAY,
+    DEFAULT_PURGE_INTERVAL,
+    DEFAULT_REPLAY_WINDOW,
+    DEFAULT_RETENTION,
+    PeriodicPurge,
+    check_retention,
+)
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.settlement import RetryPolicy
 
@@ -63,10 +71,44 @@ def main() -> int:
         help="backoff: longest wait, seconds (<= 300, the wait queues' TTL)",
     )
     parser.add_argument("--dedup-path", default=None, help="SQLite file of processed message_ids")
+    parser.add_argument(
+        "--dedup-url",
+        default=None,
+        help="dedup store: a SQLite path, sqlite:///PATH or postgresql://user@host:5432/db",
+    )
+    parser.add_argument(
+        "--retention-days",
+        type=float,
+        default=DEFAULT_RETENTION / DAY,
+        help="purge dedup records older than this; must exceed retry horizon + replay window",
+    )
+    parser.add_argument(
+        "--replay-window-days",
+        type=float,
+        default=DEFAULT_REPLAY_WINDOW / DAY,
+        help="how long after a failure a message may still be replayed or re-sent",
+    )
+    parser.add_argument(
+        "--purge-interval",
+        type=float,
+        default=DEFAULT_PURGE_INTERVAL,
+        metavar="S",
+        help="seconds between purges of expired dedup records (one at start)",
+    )
     parser.add_argument("--heartbeat", type=int, default=30, help="seconds")
+    parser.add_argument(
+        "--ack-batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="handle N deliveries per store transaction and ack them with one "
+        "basic.ack(multiple) after its commit (N <= --prefetch)",
+    )
     args = parser.parse_args()
     if args.prefetch < 1:
         parser.error("--prefetch must be >= 1")
+    if not 1 <= args.ack_batch <= args.prefetch:
+        parser.error("--ack-batch must be within 1..--prefetch")
     if not 1 <= args.max_attempts <= MAX_ATTEMPTS:
         parser.error(f"--max-attempts must be 1..{MAX_ATTEMPTS} (one wait queue per retry)")
     if args.base < 0 or not 0 <= args.cap <= MAX_CAP:
@@ -75,8 +117,15 @@ def main() -> int:
         retry = RetryPolicy("backoff", args.max_attempts, args.base, args.cap)
     else:
         retry = RetryPolicy()
+    if args.purge_interval <= 0:
+        parser.error("--purge-interval must be > 0 seconds")
+    if args.dedup_url and args.dedup_path:
+        parser.error("give --dedup-url or --dedup-path, not both")
+    retention = args.retention_days * DAY
+    check_retention(retention, retry, args.replay_window_days * DAY)  # refuses to start
     settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
-    store = SqliteDedupStore(args.dedup_path or default_dedup_path(settings))
+    store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings))
+    purger = PeriodicPurge(store, retention, args.purge_interval).start()
     config = ConsumerConfig(
         queue=args.queue,
         prefetch=args.prefetch,
@@ -84,6 +133,7 @@ def main() -> int:
         idle_exit=args.idle_exit,
         max_messages=args.max_messages,
         retry=retry,
+        ack_batch=args.ack_batch,
     )
 
     def report(r: DeliveryReport) -> None:
@@ -92,6 +142,7 @@ def main() -> int:
     try:
         handled = Consumer(settings, lab_handler, store, config, on_report=report).run()
     finally:
+        purger.stop()
         store.close()
     print(f"worker done: {handled} deliveries handled")
     return EXIT_OK

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Look after the de-duplication store: purge expired records, show what it holds.
+
+    python scripts/dedup.py purge [--older-than-days 7] [--replay-window-days 3] [--dedup-url URL]
+    python scripts/dedup.py stats [--dedup-url URL]
+
+The store defaults to the worker's SQLite file for EAI_AMQP_URL's broker and vhost. ``purge``
+refuses an age that is not longer than the longest retry horizon the topology allows (9 wait
+queues x 300 s) plus the replay window: a copy arriving later would be applied twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from _cli import EXIT_OK, run, settings_from_env
+from worker import MAX_ATTEMPTS, MAX_CAP, default_dedup_path
+
+from amqp_lab.dedup import open_store
+from amqp_lab.dlq_record import utc_iso
+from amqp_lab.retention import (
+    DAY,
+    DEFAULT_REPLAY_WINDOW,
+    DEFAULT_RETENTION,
+    check_retention,
+    cutoff,
+)
+from amqp_lab.settlement import RetryPolicy
+
+# The longest horizon any worker can have: every wait queue at the largest cap.
+LONGEST_POLICY = RetryPolicy("backoff", MAX_ATTEMPTS, MAX_CAP, MAX_CAP)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    purge = commands.add_parser("purge", help="delete records older than --older-than-days")
+    purge.add_argument("--older-than-days", type=float, default=DEFAULT_RETENTION / DAY)
+    purge.add_argument(
+        "--replay-window-days",
+        type=float,
+        default=DEFAULT_REPLAY_WINDOW / DAY,
+        help="how long after a failure a message may still be replayed or re-sent",
+    )
+    stats = commands.add_parser("stats", help="records held and the oldest one")
+    for sub in (purge, stats):
+        sub.add_argument(
+            "--dedup-url",
+            default=None,
+            help="a SQLite path, sqlite:///PATH or postgresql://... (default: the worker's file)",
+        )
+    args = parser.parse_args()
+    if args.command == "purge":
+        older_than = args.older_than_days * DAY
+        check_retention(older_than, LONGEST_POLICY, args.replay_window_days * DAY)
+    url = args.dedup_url or default_dedup_path(settings_from_env("amqp-lab dedup"))
+    store = open_store(url)
+    try:
+        if args.command == "purge":
+            boundary = cutoff(time.time(), older_than)
+            purged = store.purge(boundary)
+            print(
+                f"purged processed={purged.processed} first_seen={purged.first_seen} "
+                f"older_than={utc_iso(boundary)} store={store.location}"
+            )
+        else:
+            held = store.stats()
+            oldest = "-" if held.oldest is None else utc_iso(held.oldest)
+            print(f"processed={held.processed} oldest={oldest} store={store.location}")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)
