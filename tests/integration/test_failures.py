@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,98 @@ def test_consumer_timeout_closes_the_channel_and_consumer_resubscribes(
     assert consumer.connections_opened == 2
     assert effects(tmp_path / "d.sqlite3") == ["m-s10"]
     assert ready_count(topology, "q:tasks") == 0
+
+
+def test_every_delivery_is_settled_exactly_once(
+    topology: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scenario S5 (pika #1121): a second ack of the same delivery tag would close the channel
+    with 406 unknown delivery tag. Handlers never see the channel; each delivery - processed,
+    requeued, dead-lettered, duplicate, in single and in batch mode - is settled exactly once,
+    and the channel stays open for the next messages."""
+    from pika.adapters.blocking_connection import BlockingChannel
+
+    calls: list[tuple[int, int, bool]] = []  # (channel number, delivery tag, multiple)
+
+    def spy(name: str) -> Any:
+        original = getattr(BlockingChannel, name)
+
+        def wrapper(self: Any, delivery_tag: int, **kwargs: Any) -> Any:
+            calls.append((self.channel_number, delivery_tag, bool(kwargs.get("multiple"))))
+            return original(self, delivery_tag, **kwargs)
+
+        return wrapper
+
+    for name in ("basic_ack", "basic_nack", "basic_reject"):
+        monkeypatch.setattr(BlockingChannel, name, spy(name))
+
+    def settled_once() -> int:
+        """Replay the calls as the broker would; fail on any tag settled twice."""
+        settled: set[tuple[int, int]] = set()
+        low: dict[int, int] = {}
+        for channel, tag, multiple in calls:
+            if multiple:  # covers every outstanding tag up to `tag`
+                new = {(channel, t) for t in range(low.get(channel, 0) + 1, tag + 1)} - settled
+                assert new, f"basic.ack multiple up to {tag} settles nothing"
+                settled |= new
+                low[channel] = tag
+            else:
+                assert (channel, tag) not in settled, f"delivery tag {tag} settled twice"
+                settled.add((channel, tag))
+        return len(settled)
+
+    kinds = ["ok", "flaky", "invalid", "ok", "bad", "ok"]
+    for ack_batch in (1, 4):
+        with Publisher(topology) as publisher:
+            for i, kind in enumerate(kinds):
+                publisher.publish(task_message(kind, i, f"{ack_batch}-{kind}-{i}"))
+            publisher.publish(task_message("ok", 9, f"{ack_batch}-ok-0"))  # a duplicate
+        calls.clear()
+        reports: list[DeliveryReport] = []
+        consumer = Consumer(
+            topology,
+            lab_handler,
+            SqliteDedupStore(tmp_path / f"d{ack_batch}.sqlite3"),
+            ConsumerConfig(prefetch=4, ack_batch=ack_batch, idle_exit=1.0),
+            on_report=reports.append,
+        )
+        consumer.run()
+        assert consumer.connections_opened == 1  # no channel was closed by a double ack
+        assert settled_once() == len(reports) == consumer.handled == 9  # 7 + 2 redeliveries
+        assert {r.outcome for r in reports} == {
+            "processed",
+            "requeued",
+            "dead-lettered",
+            "duplicate",
+        }
+        assert ready_count(topology, "q:tasks") == 0
+
+
+def test_cpu_bound_handler_keeps_heartbeats_and_acks_once(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """Scenario S13 (dramatiq #461): a CPU-bound handler in the worker thread does not starve
+    the connection: heartbeat 2 s, 8 s of pure-Python work, no reconnect, one effect."""
+    with Publisher(topology) as publisher:
+        publisher.publish(task_message("ok", 1, "m-cpu"))
+
+    def spin(task: Task, db: Any) -> None:
+        deadline = time.monotonic() + 8
+        n = 0
+        while time.monotonic() < deadline:
+            n += sum(i * i for i in range(1000))
+        record_effect(task, db)
+
+    settings = BrokerSettings(topology.amqp_url, topology.management_url, heartbeat=2)
+    reports: list[DeliveryReport] = []
+    consumer = Consumer(
+        settings,
+        spin,
+        SqliteDedupStore(tmp_path / "d.sqlite3"),
+        ConsumerConfig(prefetch=1, idle_exit=1.0),
+        on_report=reports.append,
+    )
+    consumer.run()
+    assert consumer.connections_opened == 1
+    assert [(r.message_id, r.outcome) for r in reports] == [("m-cpu", "processed")]
+    assert effects(tmp_path / "d.sqlite3") == ["m-cpu"]
