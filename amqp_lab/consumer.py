@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pika.exceptions as pe
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from amqp_lab.connection import close_quietly, connect, translate
 from amqp_lab.dedup import DedupStore
@@ -38,6 +38,7 @@ from amqp_lab.errors import (
     ConfigurationError,
     ConnectionLost,
     DeadLetterFailed,
+    DedupStoreError,
     InvalidMessage,
 )
 from amqp_lab.message import (
@@ -103,7 +104,7 @@ class ConsumerConfig:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReport:
-    """One delivery's outcome: processed | duplicate | requeued | dead-lettered | dropped-stale."""
+    """One delivery's outcome: processed | duplicate | requeued | dead-lettered."""
 
     message_id: str | None
     outcome: str
@@ -172,6 +173,7 @@ class Consumer:
         self.uniform = uniform
         self.handled = 0
         self._in_flight = 0  # deliveries of the batch whose commit is under way
+        self._failures_in_a_row = 0
         self.connections_opened = 0
         self._stopping = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
@@ -184,10 +186,11 @@ class Consumer:
     def run(self) -> int:
         """Consume until done; return the number of deliveries handled. Reconnects after a lost
         connection or a channel closed by the broker (e.g. consumer_timeout), with backoff;
-        raises BrokerConnectionError when reconnecting fails ``reconnect_attempts`` times, and
-        DeadLetterFailed when a DLQ record cannot be confirmed (the delivery stays unacked)."""
+        raises BrokerConnectionError when ``reconnect_attempts`` attempts in a row fail (the
+        count restarts whenever a connection opens), DeadLetterFailed when a DLQ record cannot be
+        confirmed (the delivery stays unacked), DedupStoreError when the store fails."""
         retrying = Retrying(
-            stop=stop_after_attempt(self.config.reconnect_attempts),
+            stop=lambda _: self._failures_in_a_row >= self.config.reconnect_attempts,
             wait=wait_random_exponential(multiplier=0.2, max=5),
             retry=retry_if_exception_type((ConnectionLost, BrokerUnavailable, _Recoverable)),
             reraise=True,
@@ -195,6 +198,7 @@ class Consumer:
         try:
             for attempt in retrying:
                 with attempt:
+                    self._failures_in_a_row += 1
                     self._consume_until_done()
         except _Recoverable as e:
             raise e.error from e
@@ -207,6 +211,8 @@ class Consumer:
         close_quietly(self._connection)
         self._connection = connection = connect(self.settings)
         self.connections_opened += 1
+        self._failures_in_a_row = 0  # a new outage starts counting from here
+        self._in_flight = 0  # what was in flight on the old connection will be redelivered
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
@@ -218,9 +224,7 @@ class Consumer:
             # a batch waits at most ack_interval for more deliveries
             tick = self.config.ack_interval if self.config.ack_batch > 1 else 0.25
             consuming = channel.consume(self.config.queue, inactivity_timeout=tick)
-        except pe.ChannelClosedByBroker as e:
-            raise translate(e, self.settings) from e  # e.g. 404 no queue: not retried
-        except Exception as e:
+        except Exception as e:  # e.g. 404 no queue: a ChannelError, not retried
             raise translate(e, self.settings) from e
         try:
             pending: list[tuple[Any, Any, bytes]] = []
@@ -344,6 +348,8 @@ class Consumer:
                 d.duplicate = not self.store.process_once(
                     d.message_id, functools.partial(self.handler, d.task)
                 )
+            except DedupStoreError:
+                raise  # the store failed, not the handler: stop, nothing is acked
             except Exception as e:  # the handler's error decides the settlement
                 d.error = e
 
@@ -380,9 +386,11 @@ class Consumer:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
         first), then ack the successes - with one basic.ack(multiple=True) for a batch."""
         batch, future = in_flight
-        if future is not None:
-            self._wait(connection, future)
-        self._in_flight -= len(batch)
+        try:
+            if future is not None:
+                self._wait(connection, future)
+        finally:
+            self._in_flight -= len(batch)
         reports: list[DeliveryReport] = []
         last_ok: _Delivery | None = None
         for d in batch:
@@ -419,8 +427,11 @@ class Consumer:
             return d.report("requeued", settlement.attempts)
         if settlement.action is Action.RETRY_LATER:
             wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
-            self._publish_retry(
-                dl_channel, d.method, d.properties, d.body, settlement.attempts, first_seen_at, wait
+            self._publish_confirmed(
+                channel,
+                dl_channel,
+                self._retry_message(d, settlement.attempts, first_seen_at, wait),
+                f"retry copy of message_id={d.message_id}",
             )
             self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
             return d.report("requeued", settlement.attempts, wait)
@@ -441,7 +452,12 @@ class Consumer:
                 first_seen_at=first_seen_at,
                 failed_at=self.clock(),
             )
-            self._publish_record(dl_channel, record, d.method.routing_key)
+            self._publish_confirmed(
+                channel,
+                dl_channel,
+                record_message(record, self.config.dlx, d.method.routing_key),
+                f"DLQ record for message_id={d.message_id}",
+            )
             self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
         return d.report("dead-lettered", settlement.attempts)
 
@@ -484,45 +500,31 @@ class Consumer:
                     "lower --max-attempts"
                 ) from e
 
-    def _publish_retry(
-        self,
-        dl_channel: Any,
-        method: Any,
-        properties: Any,
-        body: bytes,
-        attempts: int,
-        first_seen_at: str,
-        wait: float,
-    ) -> None:
-        """Republish into wait queue ``attempts`` with that attempts header and a per-message
-        TTL of ``wait`` seconds; the caller acks the original only after this confirm."""
-        headers = {k: v for k, v in (properties.headers or {}).items() if not k.startswith("x-")}
+    def _retry_message(
+        self, d: _Delivery, attempts: int, first_seen_at: str, wait: float
+    ) -> OutgoingMessage:
+        """The copy for wait queue ``attempts``: that attempts header, first_seen_at, and a
+        per-message TTL of ``wait`` seconds; broker x-* headers dropped."""
+        headers = {k: v for k, v in d.headers.items() if not k.startswith("x-")}
         headers.update({ATTEMPTS_HEADER: attempts, FIRST_SEEN_HEADER: first_seen_at})
-        message = OutgoingMessage(
-            body=body,
-            message_id=properties.message_id or "",
+        return OutgoingMessage(
+            body=d.body,
+            message_id=d.message_id or "",
             exchange="",
             routing_key=wait_queue_name(self.config.queue, attempts),
-            content_type=properties.content_type,
+            content_type=d.properties.content_type,
             headers=headers,
             expiration=expiration_ms(wait),
         )
-        try:
-            dl_channel.basic_publish(
-                message.exchange,
-                message.routing_key,
-                message.body,
-                message.properties(),
-                mandatory=True,
-            )
-        except (pe.UnroutableError, pe.NackError, pe.ChannelClosedByBroker) as e:
-            raise DeadLetterFailed(
-                f"retry copy of message_id={properties.message_id} to {message.routing_key!r} "
-                f"was not confirmed ({type(e).__name__}); the original stays unacked"
-            ) from e
 
-    def _publish_record(self, dl_channel: Any, record: dict[str, Any], routing_key: str) -> None:
-        message = record_message(record, self.config.dlx, routing_key)
+    def _publish_confirmed(
+        self, channel: Any, dl_channel: Any, message: OutgoingMessage, what: str
+    ) -> None:
+        """Publish a retry copy or DLQ record with confirms + mandatory before the original is
+        acked. Nothing is written if the delivering channel already closed (its delivery will
+        come back, and writing now would make a second copy)."""
+        if not channel.is_open:
+            raise _StaleDelivery(f"{what}: channel closed before settlement; not written")
         try:
             dl_channel.basic_publish(
                 message.exchange,
@@ -533,8 +535,8 @@ class Consumer:
             )
         except (pe.UnroutableError, pe.NackError, pe.ChannelClosedByBroker) as e:
             raise DeadLetterFailed(
-                f"DLQ record for message_id={record.get('message_id')} was not confirmed by "
-                f"exchange {self.config.dlx!r} ({type(e).__name__}); the original stays unacked"
+                f"{what} to exchange {message.exchange!r} routing key {message.routing_key!r} "
+                f"was not confirmed ({type(e).__name__}); the original stays unacked"
             ) from e
 
 

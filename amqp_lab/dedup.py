@@ -207,28 +207,35 @@ class SqliteDedupStore:
     ) -> list[bool | BaseException]:
         """:meth:`process_once` for many deliveries in ONE transaction (one fsync). Returns, per
         delivery, True (processed), False (already processed: a duplicate, also within the
-        batch) or the exception its work raised, whose writes alone were rolled back.
-        Everything is committed before this returns; the caller acks afterwards.
-
-        Fast path: one SELECT finds the claims already held, the handlers run, one executemany
-        inserts the new claims. If a handler raises, the batch is rolled back to its start and
-        run again with a SAVEPOINT per delivery, so only the failing delivery's writes go."""
+        batch) or the exception its work raised. Each handler runs once, inside a SAVEPOINT, so
+        a failing one rolls back only its own writes. One SELECT finds the claims already held
+        and one executemany records the new ones. Everything is committed before this returns;
+        the caller acks afterwards."""
         now = self._clock()
+        results: list[bool | BaseException] = []
         with self._transaction() as db:
-            db.execute("SAVEPOINT batch")
-            try:
-                results = self._batch_fast(db, batch, now)
-            except Exception:
-                db.execute("ROLLBACK TO batch")
-                results = self._batch_per_delivery(db, batch, now)
-            db.execute("RELEASE batch")
+            held = self._held_claims(db, [message_id for message_id, _ in batch])
+            claims: list[tuple[str, float]] = []
+            for message_id, work in batch:
+                if message_id in held:
+                    results.append(False)
+                    continue
+                db.execute("SAVEPOINT delivery")
+                try:
+                    work(db)
+                except Exception as e:  # the handler's error: roll back this delivery only
+                    db.execute("ROLLBACK TO delivery")
+                    results.append(e)
+                else:
+                    held.add(message_id)
+                    claims.append((message_id, now))
+                    results.append(True)
+                db.execute("RELEASE delivery")
+            db.executemany("INSERT INTO processed(message_id, processed_at) VALUES (?, ?)", claims)
         return results
 
     @staticmethod
-    def _batch_fast(
-        db: sqlite3.Connection, batch: list[tuple[str, Callable[[Any], None]]], now: float
-    ) -> list[bool | BaseException]:
-        ids = [message_id for message_id, _ in batch]
+    def _held_claims(db: sqlite3.Connection, ids: list[str]) -> set[str]:
         held: set[str] = set()
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
@@ -237,40 +244,7 @@ class SqliteDedupStore:
                 f"SELECT message_id FROM processed WHERE message_id IN ({marks})", chunk
             )
             held.update(r[0] for r in rows)
-        results: list[bool | BaseException] = []
-        claims: list[tuple[str, float]] = []
-        for message_id, work in batch:
-            if message_id in held:
-                results.append(False)
-                continue
-            held.add(message_id)
-            work(db)
-            claims.append((message_id, now))
-            results.append(True)
-        db.executemany("INSERT INTO processed(message_id, processed_at) VALUES (?, ?)", claims)
-        return results
-
-    @staticmethod
-    def _batch_per_delivery(
-        db: sqlite3.Connection, batch: list[tuple[str, Callable[[Any], None]]], now: float
-    ) -> list[bool | BaseException]:
-        results: list[bool | BaseException] = []
-        for message_id, work in batch:
-            db.execute("SAVEPOINT delivery")
-            try:
-                cursor = db.execute(
-                    "INSERT INTO processed(message_id, processed_at) VALUES (?, ?) "
-                    "ON CONFLICT(message_id) DO NOTHING",
-                    (message_id, now),
-                )
-                if cursor.rowcount == 1:
-                    work(db)
-                results.append(cursor.rowcount == 1)
-            except Exception as e:  # the handler's error: roll back this delivery only
-                db.execute("ROLLBACK TO delivery")
-                results.append(e)
-            db.execute("RELEASE delivery")
-        return results
+        return held
 
     def first_seen(self, message_id: str, now: float) -> float:
         """See :class:`DedupStore`; ``now`` in epoch seconds. Raises DedupStoreError."""
@@ -337,4 +311,5 @@ class SqliteDedupStore:
         return result
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:  # not under a purge or a transaction of another thread
+            self._db.close()

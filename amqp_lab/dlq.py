@@ -123,17 +123,24 @@ def replay(
                 break
             if not select(item.entry):
                 continue
-            if dry_run:
+            if not item.entry.message_id:
+                # our publisher and dedup both need an id: this one stays in the DLQ
+                result = ReplayResult(item.entry, "failed", "no message_id: cannot be replayed")
+            elif dry_run:
                 result = ReplayResult(item.entry, "would-replay")
             else:
                 if interval and results:
                     sleep(interval)
                 try:
                     publisher.publish(replay_message(item.entry, exchange))
-                    channel.basic_ack(item.delivery_tag)
-                    result = ReplayResult(item.entry, "replayed")
                 except AmqpLabError as e:
                     result = ReplayResult(item.entry, "failed", str(e))
+                else:
+                    try:
+                        channel.basic_ack(item.delivery_tag)
+                    except pe.AMQPError as e:  # e.g. consumer_timeout closed the DLQ channel
+                        raise translate(e, settings) from e
+                    result = ReplayResult(item.entry, "replayed")
             results.append(result)
             if on_result is not None:
                 on_result(result)

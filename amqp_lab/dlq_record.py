@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from amqp_lab.message import ATTEMPTS_HEADER, JSON, OutgoingMessage, encode_json
+from amqp_lab.message import (
+    ATTEMPTS_HEADER,
+    FIRST_SEEN_HEADER,
+    JSON,
+    OutgoingMessage,
+    encode_json,
+)
 
 RECORD_TYPE = "dlq-record"
 _BROKER_HEADER_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
@@ -184,7 +190,7 @@ def view_of(
         # x-death's count is how often the broker dead-lettered it, not how often it was tried;
         # our header counts only republished retries. Unknown unless the header says more.
         attempts=attempts_header if isinstance(attempts_header, int) and attempts_header else None,
-        first_seen_at=_time(headers.get(FIRST_SEEN)),
+        first_seen_at=_time(headers.get(FIRST_SEEN_HEADER)),
         last_failed_at=_time(first.get("time")),
         exchange=_text(exchanges) if exchanges is not None else "",
         routing_key=_text(keys[0]),
@@ -192,9 +198,6 @@ def view_of(
         payload_encoding=encoding,
         headers=_plain_headers(headers),
     )
-
-
-FIRST_SEEN = "first_seen_at"
 
 
 def _text(value: Any) -> str:
@@ -218,7 +221,7 @@ def replay_message(entry: DlqEntry, exchange: str | None = None) -> OutgoingMess
     headers = {
         k: v
         for k, v in entry.headers.items()
-        if not k.startswith(_BROKER_HEADER_PREFIXES) and k != FIRST_SEEN
+        if not k.startswith(_BROKER_HEADER_PREFIXES) and k != FIRST_SEEN_HEADER
     }
     headers[ATTEMPTS_HEADER] = 0
     return OutgoingMessage(

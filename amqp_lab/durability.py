@@ -47,8 +47,11 @@ def run_restart_demo(
     delete the queue. Raises BrokerConnectionError if the broker is not back in ``wait_timeout``
     seconds."""
     with open_channel(settings) as channel:
-        channel.queue_declare(queue, durable=True)
-        channel.queue_purge(queue)
+        try:
+            channel.queue_declare(queue, durable=True)
+            channel.queue_purge(queue)
+        except pe.AMQPError as e:
+            raise translate(e, settings) from e
     with Publisher(settings) as publisher:
         for persistent in (True, False):
             for seq in range(count):

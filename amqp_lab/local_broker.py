@@ -89,6 +89,10 @@ class LocalBroker:
                 os.chown(path, user.pw_uid, user.pw_gid)
 
     def _ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        if shutil.which("rabbitmqctl") is None:
+            raise LocalBrokerError(
+                "rabbitmqctl is not installed (Debian: apt-get install rabbitmq-server)"
+            )
         return subprocess.run(
             ["rabbitmqctl", "-n", self.nodename, *args],
             env=self._env(),

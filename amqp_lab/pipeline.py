@@ -49,7 +49,6 @@ from amqp_lab.errors import (
     BrokerBlocked,
     MessageNacked,
     MessageUnroutable,
-    NotFound,
     PublishFailed,
     VhostAccessDenied,
 )
@@ -57,6 +56,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+MAX_CHANNEL_REOPENS = 5
 
 
 Outcome = Callable[[OutgoingMessage, AmqpLabError | None], None]
@@ -133,6 +133,7 @@ class PipelinedPublisher:
         self._ready = threading.Event()
         self._failure: AmqpLabError | None = None
         self.reconnects = 0
+        self._channel_reopens = 0  # channel closes by the broker since the last confirm
         self._ioloop = IOLoop()  # one loop for every connection, so wake-ups are never lost
         self._thread = threading.Thread(target=self._run, name="amqp-publisher-io", daemon=True)
         self._thread.start()
@@ -157,10 +158,11 @@ class PipelinedPublisher:
         future: Future[None] = Future()
 
         def settle(msg: OutgoingMessage, error: AmqpLabError | None) -> None:
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            if not future.done():  # the caller may have cancelled it
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
             if callback is not None:
                 callback(msg, error)
 
@@ -192,7 +194,11 @@ class PipelinedPublisher:
         if self._failure is not None:
             raise self._failure
         with self._room:
-            self._room.wait_for(lambda: self._in_flight + len(items) <= self.window)
+            while not self._room.wait_for(
+                lambda: self._in_flight + len(items) <= self.window, timeout=1.0
+            ):
+                if self._failure is not None or not self._thread.is_alive():
+                    raise self._failure or PublishFailed("the publisher's I/O thread stopped")
             self._in_flight += len(items)
         self._incoming.extend(items)
         if not self._wake_pending.is_set():
@@ -203,7 +209,12 @@ class PipelinedPublisher:
         """Deliver outcomes, then free their window slots with one lock round trip."""
         try:
             for item, error in outcomes:
-                item.on_outcome(item.message, error)
+                try:
+                    item.on_outcome(item.message, error)
+                except Exception:  # a caller's callback must not kill the I/O thread
+                    log.exception(
+                        "outcome callback for message_id=%s raised", item.message.message_id
+                    )
         finally:
             with self._room:
                 self._in_flight -= len(outcomes)
@@ -299,12 +310,24 @@ class PipelinedPublisher:
         code = getattr(reason, "reply_code", 0)
         text = getattr(reason, "reply_text", str(reason))
         error = channel_error(code, text)
-        for tag, item in sorted(self._unconfirmed.items()):
-            # a 404 names the missing exchange; the other messages in flight are sent again
-            if isinstance(error, NotFound) and f"'{item.message.exchange}'" in text:
-                del self._unconfirmed[tag]
-                self._resolve([(item, error)])
+        # 404/403 name the exchange: fail the messages sent to it. Another error (406: message
+        # too large...) is blamed on the earliest unconfirmed message. The others are re-sent.
+        named = [
+            t
+            for t, item in self._unconfirmed.items()
+            if f"exchange '{item.message.exchange}'" in text
+        ]
+        culprits = named or list(self._unconfirmed)[:1]
+        self._resolve([(self._unconfirmed.pop(t), error) for t in culprits])
         self._requeue_unconfirmed()
+        self._channel_reopens += 1
+        if self._channel_reopens > MAX_CHANNEL_REOPENS:
+            self._failure = PublishFailed(
+                f"channel closed {self._channel_reopens} times in a row, last: {code} {text}"
+            )
+            self._fail_all(self._failure)
+            self._connection.close()
+            return
         self._connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_wake(self) -> None:
@@ -347,6 +370,7 @@ class PipelinedPublisher:
                 )
             elif not nacked:
                 outcomes.append((item, None))
+                self._channel_reopens = 0
             elif item.tries < self.max_attempts:
                 wait = full_jitter(item.tries - 1, self.base, self.cap, random.uniform)
                 self._ioloop.call_later(wait, lambda i=item: self._retry(i))

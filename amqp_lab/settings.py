@@ -170,7 +170,10 @@ def _check_http_url(url: str) -> None:
         parts = urlsplit(url)
         _ = parts.port
     except ValueError as e:
-        raise ConfigurationError(f"malformed management URL {mask_url(url)!r}: {e}") from e
+        # ValueError's text can quote part of the password, so it is not repeated here
+        raise ConfigurationError(
+            f"malformed management URL {mask_url(url)!r}: the port is not a number"
+        ) from e
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigurationError(
             f"management URL {mask_url(url)!r} must look like http://host:15672"

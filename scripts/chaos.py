@@ -38,9 +38,8 @@ from amqp_lab.chaos import (
     read_ledger,
     summarize,
 )
-from amqp_lab.connection import open_channel
 from amqp_lab.dedup import ManagedDedupStore, open_store, store_kind
-from amqp_lab.dlq import browse
+from amqp_lab.dlq import browse, depth
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
@@ -52,8 +51,7 @@ STALL = 2.0  # seconds without a new delivery after publishing: fire the remaini
 
 def queue_depth(settings: BrokerSettings) -> int:
     """Ready messages in q:tasks (queue.declare passive: exact, no statistics lag)."""
-    with open_channel(settings) as channel:
-        return int(channel.queue_declare(QUEUE, passive=True).method.message_count)
+    return depth(settings, QUEUE)
 
 
 class ChaosRun:

@@ -16,7 +16,7 @@ import subprocess
 from _cli import EXIT_CANNOT_RESTART, EXIT_OK, ROOT, run, settings_from_env
 
 from amqp_lab.durability import run_restart_demo
-from amqp_lab.local_broker import LocalBroker
+from amqp_lab.local_broker import LocalBroker, LocalBrokerError
 from amqp_lab.settings import BrokerSettings
 
 
@@ -62,7 +62,15 @@ def main() -> int:
         if how == "local":
             local.restart()
         else:
-            subprocess.run(["docker", "compose", "restart", "rabbitmq"], cwd=ROOT, check=True)
+            done = subprocess.run(
+                ["docker", "compose", "restart", "rabbitmq"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise LocalBrokerError(f"docker compose restart failed: {done.stderr.strip()}")
         return settings
 
     result = run_restart_demo(settings, restart, args.count)
