@@ -323,10 +323,29 @@ def _policy_matches(live: dict[str, Any], policy: Policy) -> bool:
     )
 
 
-def verify_topology(settings: BrokerSettings, topology: Topology) -> list[str]:
+def verify_topology(
+    settings: BrokerSettings, topology: Topology, stats_wait: float = 15.0
+) -> list[str]:
     """Compare the live vhost with the data through the management API; return drift lines
     (empty when in sync). Checks exchange type and durability, queue durability and arguments,
-    bindings, policies, and each queue's *effective* policy (the one RabbitMQ applied)."""
+    bindings, policies, and each queue's *effective* policy (the one RabbitMQ applied).
+
+    A queue's effective policy is reported by the statistics the broker emits, which are empty
+    for a few seconds after a policy change or a broker restart; while some queue shows no
+    policy at all, the check is repeated for up to ``stats_wait`` seconds before it counts."""
+    deadline = time.monotonic() + stats_wait
+    while True:
+        drift = _verify_once(settings, topology)
+        # policies all present, yet a queue reports none: its statistics are not in yet
+        pending_stats = any("effective policy is None" in line for line in drift) and not any(
+            line.startswith("policy ") for line in drift
+        )
+        if not pending_stats or time.monotonic() > deadline:
+            return drift
+        time.sleep(0.5)
+
+
+def _verify_once(settings: BrokerSettings, topology: Topology) -> list[str]:
     drift: list[str] = []
     vhost = settings.vhost
     with ManagementClient(settings) as api:
