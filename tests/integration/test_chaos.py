@@ -1,7 +1,9 @@
 """scripts/chaos.py at CI size (N=300, F=3, K=3): SIGKILLed workers, connections force-closed
 through the management API (the publisher's mid-publishing too), deliberate duplicates. On
 SQLite and on PostgreSQL every confirmed message_id is applied exactly once; with auto-ack the
-same run loses messages. The ledger is also read directly, not only through the summary."""
+same run loses messages (scenario S12: early ack loses work when a worker dies, late ack plus
+dedup applies it exactly once). The ledger is also read directly, not only through the
+summary."""
 
 from __future__ import annotations
 

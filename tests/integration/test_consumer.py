@@ -183,6 +183,8 @@ KILLABLE_CONSUMER = textwrap.dedent("""
 def test_consumer_killed_before_ack_gets_redelivery(
     topology: BrokerSettings, tmp_path: Path
 ) -> None:
+    """Scenario S12 (celery #1628), the manual-ack half: kill -9 before the ack, and the
+    message comes back redelivered instead of being lost."""
     publish(topology, ("ok", "m-killed"))
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLABLE_CONSUMER, str(tmp_path / "killed.sqlite3")],
