@@ -134,6 +134,7 @@ class PipelinedPublisher:
         self._failure: AmqpLabError | None = None
         self.reconnects = 0
         self._channel_reopens = 0  # channel closes by the broker since the last confirm
+        self._channel_was_open = False  # this connection reached an open channel
         self._ioloop = IOLoop()  # one loop for every connection, so wake-ups are never lost
         self._thread = threading.Thread(target=self._run, name="amqp-publisher-io", daemon=True)
         self._thread.start()
@@ -264,8 +265,6 @@ class PipelinedPublisher:
                 return
             self.reconnects += 1
             time.sleep(full_jitter(failures, self.base, self.cap))
-
-    _channel_was_open = False
 
     def _on_connection_open(self, connection: Any) -> None:
         connection.channel(on_open_callback=self._on_channel_open)

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from amqp_lab.connection import open_channel
+from amqp_lab.message import task_message
+from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +96,34 @@ def wait_ready_count(
         timeout,
         what=f"{expected} ready in {queue} (now {ready_count(settings, queue)})",
     )
+
+
+def publish(settings: BrokerSettings, *specs: tuple[str, str]) -> None:
+    """Publish (kind, message_id) pairs with confirms."""
+    with Publisher(settings) as publisher:
+        for seq, (kind, message_id) in enumerate(specs, 1):
+            publisher.publish(task_message(kind, seq, message_id))
+
+
+def run_worker(settings: BrokerSettings, tmp_path: Path, *args: str) -> list[dict[str, str]]:
+    """Run scripts/worker.py until 1.5 s idle with a dedup store in ``tmp_path``; its lines."""
+    result = run_script(
+        settings,
+        "worker.py",
+        "--idle-exit",
+        "1.5",
+        "--dedup-path",
+        str(tmp_path / "dedup.sqlite3"),
+        *args,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return parse_lines(result.stdout)
+
+
+def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, str, str]]:
+    """(outcome, attempts, redelivered) of each worker line for ``message_id``."""
+    return [
+        (r["outcome"], r["attempts"], r["redelivered"])
+        for r in rows
+        if r["message_id"] == message_id
+    ]

@@ -23,8 +23,7 @@ from amqp_lab.publisher import Publisher
 from amqp_lab.retry import wait_bound
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.settlement import RetryPolicy
-from tests.integration.test_consumer import lines_for, publish, run_worker
-from tests.support import get_all, ready_count, run_script
+from tests.support import get_all, lines_for, publish, ready_count, run_script, run_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 WAIT_QUEUES = [f"q:tasks:wait:{n}" for n in range(1, 10)]

@@ -19,41 +19,20 @@ import pytest
 from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.management import ManagementClient
-from amqp_lab.message import Task, task_message
-from amqp_lab.publisher import Publisher
+from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
-from tests.support import ROOT, get_all, parse_lines, ready_count, run_script, script_env, wait_for
+from tests.support import (
+    ROOT,
+    get_all,
+    lines_for,
+    publish,
+    ready_count,
+    run_worker,
+    script_env,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
-
-
-def publish(settings: BrokerSettings, *specs: tuple[str, str]) -> None:
-    """Publish (kind, message_id) pairs with confirms."""
-    with Publisher(settings) as publisher:
-        for seq, (kind, message_id) in enumerate(specs, 1):
-            publisher.publish(task_message(kind, seq, message_id))
-
-
-def run_worker(settings: BrokerSettings, tmp_path: Path, *args: str) -> list[dict[str, str]]:
-    result = run_script(
-        settings,
-        "worker.py",
-        "--idle-exit",
-        "1.5",
-        "--dedup-path",
-        str(tmp_path / "dedup.sqlite3"),
-        *args,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return parse_lines(result.stdout)
-
-
-def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, str, str]]:
-    return [
-        (r["outcome"], r["attempts"], r["redelivered"])
-        for r in rows
-        if r["message_id"] == message_id
-    ]
 
 
 def test_every_outcome_with_exact_delivery_counts(topology: BrokerSettings, tmp_path: Path) -> None:

@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 
 from amqp_lab.settings import BrokerSettings
-from tests.integration.test_consumer import publish, run_worker
-from tests.support import get_all, parse_lines, ready_count, run_script, wait_ready_count
+from tests.support import (
+    get_all,
+    parse_lines,
+    publish,
+    ready_count,
+    run_script,
+    run_worker,
+    wait_ready_count,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 

@@ -16,8 +16,7 @@ from amqp_lab.message import task_message
 from amqp_lab.publisher import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
-from tests.integration.test_consumer import lines_for, run_worker
-from tests.support import get_all, wait_for
+from tests.support import get_all, lines_for, run_worker, wait_for
 
 pytestmark = pytest.mark.integration
 WATERMARK = str(512 * 1024 * 1024)
