@@ -87,6 +87,17 @@ class Topology:
                 return queue
         raise TopologyError(f"topology has no queue {name!r}")
 
+    def policy_for(self, queue_name: str) -> Policy | None:
+        """The policy RabbitMQ applies to a queue of that name: of those whose pattern matches
+        (``re.search``) and that apply to queues, the one of highest priority; None if none.
+        Only one policy ever applies to a queue: https://www.rabbitmq.com/docs/policies"""
+        matches = [
+            p
+            for p in self.policies
+            if p.apply_to in ("queues", "all") and re.search(p.pattern, queue_name)
+        ]
+        return max(matches, key=lambda p: p.priority) if matches else None
+
 
 def load_topology(path: Path | str = DEFAULT_TOPOLOGY) -> Topology:
     """Parse a definitions-format JSON file. Raises TopologyError naming the file and the problem
@@ -416,13 +427,5 @@ def live_queue_arguments(live: dict[str, Any], queue: Queue) -> dict[str, Any]:
 
 def _expected_policy_per_queue(topology: Topology) -> dict[str, Policy]:
     """Which policy RabbitMQ should apply to each queue: the highest-priority match."""
-    result: dict[str, Policy] = {}
-    for queue in topology.queues:
-        matches = [
-            p
-            for p in topology.policies
-            if p.apply_to in ("queues", "all") and re.search(p.pattern, queue.name)
-        ]
-        if matches:
-            result[queue.name] = max(matches, key=lambda p: p.priority)
-    return result
+    policies = {q.name: topology.policy_for(q.name) for q in topology.queues}
+    return {name: policy for name, policy in policies.items() if policy is not None}

@@ -7,7 +7,12 @@ message_id), raw auto-ack consume, and our consumer (manual ack in batches after
 dedup commit). Then publish->processed latency (p50 / p99) at a fixed rate, with the consumer in
 another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and deletes it.
 
-    python scripts/bench.py [--messages 20000] [--repeat 3] [--json]
+The bench queue is declared like the work queue q:tasks is configured: durable, with the
+queue-mode its policy in topology/definitions.json sets (lazy; the policy itself would need the
+management API). Every path starts on a freshly declared queue, and each consume path starts
+once the broker holds all n messages.
+
+    python scripts/bench.py [--messages 20000] [--repeat 5] [--json]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.pipeline import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import load_topology
 
 QUEUE = "q:bench"
 # a valid lab task of 256 bytes, so our consumer decodes it as it would any task
@@ -40,12 +46,35 @@ BODY = b'{"kind":"ok","seq":0,"pad":"' + b"x" * 226 + b'"}'
 assert len(BODY) == 256
 
 
-def fresh_queue(settings: BrokerSettings) -> None:
+def work_queue_mode() -> str:
+    """The queue-mode the topology's policy gives q:tasks ("default" when it sets none)."""
+    policy = load_topology().policy_for("q:tasks")
+    return str(policy.definition_dict.get("queue-mode", "default")) if policy else "default"
+
+
+def fresh_queue(settings: BrokerSettings, mode: str) -> None:
+    """Delete the bench queue and declare it again, empty, with x-queue-mode ``mode`` (this also
+    replaces a queue an earlier run declared with other arguments)."""
     connection = connect(settings)
     channel = connection.channel()
-    channel.queue_declare(QUEUE, durable=True)
-    channel.queue_purge(QUEUE)
+    channel.queue_delete(QUEUE)
+    channel.queue_declare(QUEUE, durable=True, arguments={"x-queue-mode": mode})
     connection.close()
+
+
+def wait_for_depth(settings: BrokerSettings, n: int, timeout: float = 60) -> None:
+    """Poll until the bench queue holds ``n`` messages (fire-and-forget returns before the broker
+    has them all); raises SystemExit after ``timeout`` seconds."""
+    connection = connect(settings)
+    channel = connection.channel()
+    deadline = time.monotonic() + timeout
+    try:
+        while channel.queue_declare(QUEUE, passive=True).method.message_count < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the bench queue did not reach {n} messages in {timeout} s")
+            time.sleep(0.05)
+    finally:
+        connection.close()
 
 
 def raw_publish(settings: BrokerSettings, n: int) -> float:
@@ -133,11 +162,6 @@ def our_consume(settings: BrokerSettings, n: int, batch: int, path: Path) -> flo
     return handled / elapsed
 
 
-def fill(settings: BrokerSettings, n: int) -> None:
-    with PipelinedPublisher(settings, window=1000) as publisher:
-        publisher.publish_many(messages(n, f"f{time.time_ns()}")).wait()
-
-
 def latency(settings: BrokerSettings, rate: int, seconds: float, batch: int) -> dict[str, float]:
     """Publish at ``rate`` msg/s with a send timestamp; a consumer process reports latencies."""
     n = int(rate * seconds)
@@ -203,11 +227,18 @@ def latency_consumer(settings: BrokerSettings, n: int, batch: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--window", type=int, default=10000, help="unconfirmed in flight")
     parser.add_argument("--batch", type=int, default=500, help="consumer ack batch")
     parser.add_argument("--rate", type=int, default=1000, help="latency test, msg/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="latency test duration")
+    parser.add_argument(
+        "--queue-mode",
+        choices=("lazy", "default"),
+        default=work_queue_mode(),
+        help="the bench queue's x-queue-mode, which RabbitMQ 3.12+ ignores (default: what the "
+        "topology's policy gives q:tasks)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -215,7 +246,6 @@ def main() -> int:
     if args.latency_consumer is not None:
         return latency_consumer(settings, args.latency_consumer, args.batch)
     n = args.messages
-    fresh_queue(settings)
     results: dict[str, list[float]] = {
         k: []
         for k in (
@@ -228,16 +258,20 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
+            fresh_queue(settings, args.queue_mode)
             results["raw_fire_and_forget"].append(raw_publish(settings, n))
+            wait_for_depth(settings, n)
             results["raw_auto_ack_consume"].append(raw_consume(settings, n))
+            fresh_queue(settings, args.queue_mode)
             results["pika_sync_confirms"].append(sync_confirms(settings, max(500, n // 10)))
-            fresh_queue(settings)
+            fresh_queue(settings, args.queue_mode)
             results["our_publisher"].append(our_publish(settings, n, args.window))
+            wait_for_depth(settings, n)
             results["our_consumer"].append(
                 our_consume(settings, n, args.batch, Path(tmp) / f"dedup-{r}.sqlite3")
             )
-            fresh_queue(settings)
             print(f"... repetition {r + 1}/{args.repeat} done", file=sys.stderr, flush=True)
+    fresh_queue(settings, args.queue_mode)
     median = {k: statistics.median(v) for k, v in results.items()}
     lat = latency(settings, args.rate, args.seconds, args.batch)
     rss_mb = (
@@ -264,7 +298,9 @@ def main() -> int:
         "messages": n,
         "repeat": args.repeat,
         "body_bytes": len(BODY),
+        "queue_mode": args.queue_mode,
     }
+    print(f"{n} persistent messages of {len(BODY)} bytes, queue-mode {args.queue_mode}")
     print(f"{'path':28} {'msg/s (median of ' + str(args.repeat) + ')':>22}")
     for key, value in median.items():
         print(f"{key:28} {value:>22,.0f}")

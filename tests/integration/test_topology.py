@@ -22,7 +22,9 @@ def _definitions(api: ManagementClient, vhost: str) -> dict[str, object]:
     )
     policies = sorted(
         (p["name"], p["pattern"], str(p["definition"]))
-        for p in [api.policy(vhost, n) for n in ("q-tasks-dlx", "q-tasks-audit-limit")]
+        for p in [
+            api.policy(vhost, n) for n in ("q-tasks-dlx", "q-tasks-audit-limit", "q-tasks-dlq")
+        ]
         if p is not None
     )
     return {"queues": queues, "bindings": bindings, "policies": policies}
@@ -33,7 +35,7 @@ def test_second_apply_changes_nothing(vhost: BrokerSettings) -> None:
     assert first.returncode == 0, first.stderr
     data = load_topology()
     total = len(data.exchanges) + len(data.queues) + len(data.bindings) + len(data.policies)
-    assert total == 22  # 3 exchanges, 12 queues, 4 bindings, 3 policies
+    assert total == 23  # 3 exchanges, 12 queues, 4 bindings, 4 policies
     assert f"{total} created, 0 unchanged" in first.stdout
     with ManagementClient(vhost) as api:
         before = _definitions(api, vhost.vhost)
@@ -61,6 +63,7 @@ def test_dlx_comes_from_policy_not_queue_arguments(topology: BrokerSettings) -> 
         assert queue["arguments"] == {"x-queue-type": "classic"}
     assert queue["policy"] == "q-tasks-dlx"
     assert queue["effective_policy_definition"]["dead-letter-exchange"] == "tasks.dlx"
+    assert queue["effective_policy_definition"]["queue-mode"] == "lazy"
 
 
 def test_rejected_message_lands_in_dlq_through_the_policy(topology: BrokerSettings) -> None:

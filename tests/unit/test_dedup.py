@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.dedup import SqliteDedupStore, placeholder_for
 from amqp_lab.errors import DedupStoreError
 
 pytestmark = pytest.mark.unit
@@ -180,3 +180,102 @@ def test_store_uses_wal_mode(store: SqliteDedupStore, db_path: Path) -> None:
 def test_unopenable_path_raises_dedup_store_error(tmp_path: Path) -> None:
     with pytest.raises(DedupStoreError, match=rf"^cannot open dedup store {tmp_path}: "):
         SqliteDedupStore(tmp_path)
+
+
+# --- process_batch ---------------------------------------------------------------------------
+
+
+def _note(text: str) -> Any:
+    return lambda db: db.execute("INSERT INTO notes VALUES (?)", (text,))
+
+
+def _statements(store: SqliteDedupStore) -> list[str]:
+    """Record every SQL statement the store's connection runs from now on."""
+    seen: list[str] = []
+    store._db.set_trace_callback(seen.append)
+    return seen
+
+
+def test_batch_results_are_per_delivery_in_order(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    notes_store.process_once("old", _note("old"))
+    results = notes_store.process_batch(
+        [("a", _note("a")), ("old", _note("old again")), ("b", _fail), ("c", _note("c"))]
+    )
+    assert results[:2] == [True, False]
+    assert isinstance(results[2], HandlerFailed)
+    assert results[3] is True
+    assert _notes(db_path) == ["old", "a", "c"]  # b's half-done write rolled back alone
+
+
+def test_batch_claims_only_the_successes(notes_store: SqliteDedupStore) -> None:
+    notes_store.process_batch([("a", _note("a")), ("b", _fail)])
+    assert notes_store.is_processed("a")
+    assert not notes_store.is_processed("b")
+
+
+def test_batch_duplicate_within_the_batch_runs_once(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    assert notes_store.process_batch([("a", _note("1")), ("a", _note("2"))]) == [True, False]
+    assert _notes(db_path) == ["1"]
+
+
+def test_batch_retries_an_id_whose_first_copy_failed(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    results = notes_store.process_batch([("a", _fail), ("a", _note("second"))])
+    assert isinstance(results[0], HandlerFailed) and results[1] is True
+    assert _notes(db_path) == ["second"]
+
+
+def test_batch_of_handlers_without_writes_runs_no_savepoint(store: SqliteDedupStore) -> None:
+    seen = _statements(store)
+    store.process_batch([(f"m-{i}", lambda db: None) for i in range(500)])
+    assert not [s for s in seen if "SAVEPOINT" in s or "RELEASE" in s]
+    # BEGIN, one SELECT of held claims, one INSERT of the claims, COMMIT
+    assert len(seen) == 4
+    assert all(store.is_processed(f"m-{i}") for i in range(500))
+
+
+def test_batch_savepoint_opens_on_first_use_of_the_connection(
+    notes_store: SqliteDedupStore,
+) -> None:
+    seen = _statements(notes_store)
+    notes_store.process_batch([("a", _note("a")), ("b", lambda db: None)])
+    assert [s for s in seen if "SAVEPOINT" in s or "RELEASE" in s] == [
+        "SAVEPOINT delivery",
+        "RELEASE delivery",
+    ]
+
+
+def test_batch_handler_sees_a_sqlite_placeholder(store: SqliteDedupStore) -> None:
+    seen: list[str] = []
+    store.process_batch([("a", lambda db: seen.append(placeholder_for(db)))])
+    assert seen == ["?"]
+
+
+def test_batch_handler_cannot_commit_the_batch_early(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    def commit_early(db: Any) -> None:
+        with db:
+            db.execute("INSERT INTO notes VALUES ('early')")
+
+    results = notes_store.process_batch([("a", commit_early), ("b", _note("b"))])
+    assert isinstance(results[0], TypeError) and results[1] is True
+    assert _notes(db_path) == ["b"]
+
+
+def test_empty_batch(store: SqliteDedupStore) -> None:
+    assert store.process_batch([]) == []
+
+
+def test_batch_claims_are_committed_before_it_returns(
+    store: SqliteDedupStore, db_path: Path
+) -> None:
+    store.process_batch([("a", lambda db: None), ("b", lambda db: None)])
+    with closing(sqlite3.connect(db_path)) as other:
+        ids = [row[0] for row in other.execute("SELECT message_id FROM processed ORDER BY 1")]
+    assert ids == ["a", "b"]

@@ -25,13 +25,19 @@ pytestmark = pytest.mark.unit
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "topology" / "definitions.json"
 
-DLX_POLICY = Policy("q-tasks-dlx", "^q:tasks$", (("dead-letter-exchange", "tasks.dlx"),), 10)
+DLX_POLICY = Policy(
+    "q-tasks-dlx",
+    "^q:tasks$",
+    (("dead-letter-exchange", "tasks.dlx"), ("queue-mode", "lazy")),
+    10,
+)
 AUDIT_POLICY = Policy(
     "q-tasks-audit-limit",
     "^q:tasks:audit$",
-    (("max-length", 100000), ("overflow", "drop-head")),
+    (("max-length", 100000), ("overflow", "drop-head"), ("queue-mode", "lazy")),
     10,
 )
+DLQ_POLICY = Policy("q-tasks-dlq", "^q:tasks:dlq$", (("queue-mode", "lazy"),), 10)
 WAIT_POLICY = Policy(
     "q-tasks-wait",
     r"^q:tasks:wait:\d+$",
@@ -99,11 +105,18 @@ def test_bindings(lab_topology: Topology) -> None:
 def test_dead_letter_policy(lab_topology: Topology) -> None:
     policy = next(p for p in lab_topology.policies if p.pattern == "^q:tasks$")
     assert policy == DLX_POLICY
-    assert policy.definition_dict == {"dead-letter-exchange": "tasks.dlx"}
+    assert policy.definition_dict == {"dead-letter-exchange": "tasks.dlx", "queue-mode": "lazy"}
 
 
 def test_policies(lab_topology: Topology) -> None:
-    assert lab_topology.policies == (DLX_POLICY, AUDIT_POLICY, WAIT_POLICY)
+    assert lab_topology.policies == (DLX_POLICY, AUDIT_POLICY, DLQ_POLICY, WAIT_POLICY)
+
+
+def test_long_lived_queues_are_lazy_and_wait_queues_are_not(lab_topology: Topology) -> None:
+    lazy = {
+        p.pattern for p in lab_topology.policies if p.definition_dict.get("queue-mode") == "lazy"
+    }
+    assert lazy == {"^q:tasks$", "^q:tasks:audit$", "^q:tasks:dlq$"}
 
 
 def test_wait_policy_returns_expired_messages_to_q_tasks(lab_topology: Topology) -> None:
@@ -249,6 +262,7 @@ def test_expected_policies_of_the_lab_topology(lab_topology: Topology) -> None:
     assert _expected_policy_per_queue(lab_topology) == {
         "q:tasks": DLX_POLICY,
         "q:tasks:audit": AUDIT_POLICY,
+        "q:tasks:dlq": DLQ_POLICY,
         **{f"q:tasks:wait:{n}": WAIT_POLICY for n in range(1, 10)},
     }
 
