@@ -81,7 +81,15 @@ class DedupStore(Protocol):
 
 
 class ManagedDedupStore(DedupStore, Protocol):
-    """A store with retention and direct access, as :func:`open_store` returns it."""
+    """A store with batches, retention and direct access, as :func:`open_store` returns it."""
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        """:meth:`process_once` for ``(message_id, work)`` pairs in one transaction; per pair
+        True (processed), False (a duplicate) or what its work raised. The consumer uses it,
+        when a store has it, to ack a batch after one commit."""
+        ...
 
     @property
     def placeholder(self) -> str:
@@ -108,41 +116,43 @@ class ManagedDedupStore(DedupStore, Protocol):
 
 def placeholder_for(db: Any) -> str:
     """The SQL parameter placeholder for a store connection handed to a handler."""
-    return "?" if isinstance(db, sqlite3.Connection | SavepointConnection) else "%s"
+    if isinstance(db, SavepointConnection):
+        db = db.connection
+    return "?" if isinstance(db, sqlite3.Connection) else "%s"
 
 
 class SavepointConnection:
-    """The SQLite connection as a handler sees it inside :meth:`SqliteDedupStore.process_batch`.
+    """The store's connection as a handler sees it inside ``process_batch`` (SQLite and
+    PostgreSQL): one transaction covers the whole batch.
 
     Any attribute use (``execute``, ``executemany``, ``cursor``...) first runs ``SAVEPOINT
-    delivery`` on the batch's transaction, then delegates to the real connection. So a failing
-    handler's writes are rolled back alone, and a handler that never touches the database costs
-    no statement. Not a context manager: ``with db:`` would commit the whole batch early, so it
-    raises TypeError here."""
+    delivery``, then delegates to the real connection. So a failing handler's writes are rolled
+    back alone, and a handler that never touches the database costs no statement. Not a context
+    manager: ``with db:`` would end the batch's transaction early, so it raises TypeError."""
 
-    __slots__ = ("_db", "_open")
+    __slots__ = ("_open", "connection")
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
         self._open = False
 
     def __getattr__(self, name: str) -> Any:
         if not self._open:
-            self._db.execute("SAVEPOINT delivery")
+            self.connection.execute("SAVEPOINT delivery")
             self._open = True
-        return getattr(self._db, name)
+        return getattr(self.connection, name)
 
     def release_savepoint(self) -> None:
         """Keep the handler's writes (RELEASE); nothing to do if it wrote nothing."""
         if self._open:
-            self._db.execute("RELEASE delivery")
+            self.connection.execute("RELEASE delivery")
             self._open = False
 
     def rollback_savepoint(self) -> None:
         """Undo the handler's writes (ROLLBACK TO, then RELEASE)."""
         if self._open:
-            self._db.execute("ROLLBACK TO delivery")
-            self._db.execute("RELEASE delivery")
+            self.connection.execute("ROLLBACK TO delivery")
+            self.connection.execute("RELEASE delivery")
             self._open = False
 
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from amqp_lab.dedup import Purged, StoreStats
+from amqp_lab.dedup import Purged, SavepointConnection, StoreStats
 from amqp_lab.errors import DedupStoreError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -127,6 +127,61 @@ class PostgresDedupStore:
                 return False
             work(db)
         return True
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        """:meth:`process_once` for many deliveries in ONE transaction. Returns, per delivery,
+        True (processed), False (already processed: by a committed transaction, or earlier in
+        this batch) or the exception its work raised. Everything is committed before this
+        returns; the caller acks afterwards.
+
+        The claims come first, in one ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` over the
+        batch's message_ids in sorted order: a claim held by another open transaction makes this
+        one wait (as in :meth:`process_once`), and two batches lock their rows in the same order,
+        so they cannot deadlock on claims. Each handler then runs once with a
+        :class:`~amqp_lab.dedup.SavepointConnection` (its first use opens a SAVEPOINT, so a
+        failing handler's writes roll back alone), and the claims of message_ids whose every
+        copy failed are deleted before the commit. Raises DedupStoreError when the database
+        fails."""
+        now = self._clock()
+        results: list[bool | BaseException] = []
+        with self._transaction("claim a batch in") as db:
+            try:
+                claimed = {
+                    row[0]
+                    for row in db.execute(
+                        "INSERT INTO processed(message_id, processed_at) "
+                        "SELECT id, %s FROM unnest(%s::text[]) AS id ORDER BY id "
+                        "ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
+                        (now, sorted({message_id for message_id, _ in batch})),
+                    )
+                }
+            except psycopg.Error as e:
+                raise self._error("claim a batch in", e) from e
+            succeeded: dict[str, bool] = {}  # claimed message_id -> a copy of it succeeded
+            for message_id, work in batch:
+                if message_id not in claimed or succeeded.get(message_id):
+                    results.append(False)
+                    continue
+                handler_db = SavepointConnection(db)
+                try:
+                    work(handler_db)
+                except Exception as e:  # the handler's error: roll back this delivery only
+                    handler_db.rollback_savepoint()
+                    succeeded[message_id] = False
+                    results.append(e)
+                else:
+                    handler_db.release_savepoint()
+                    succeeded[message_id] = True
+                    results.append(True)
+            failed = [message_id for message_id, ok in succeeded.items() if not ok]
+            if failed:
+                try:
+                    db.execute("DELETE FROM processed WHERE message_id = ANY(%s)", (failed,))
+                except psycopg.Error as e:
+                    raise self._error("release failed claims in", e) from e
+        return results
 
     def first_seen(self, message_id: str, now: float) -> float:
         """When ``message_id`` was first received (epoch seconds); records ``now`` the first

@@ -37,16 +37,42 @@ def utc_iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+MAX_PAYLOAD_DEPTH = 100
+"""JSON nested deeper than this is kept as text in a record: the record itself, browsing it and
+replaying it parse the payload again, one level deeper and at other stack depths, where
+Python's recursion limit (about 1000) would turn a poison body into a crash."""
+
+
 def encode_payload(body: bytes) -> tuple[Any, str]:
-    """(payload, encoding): the parsed JSON value ("json"), else the text ("text"), else base64."""
+    """(payload, encoding): the parsed JSON value ("json") when it nests at most
+    ``MAX_PAYLOAD_DEPTH`` levels, else the text ("text"), else base64. Never raises."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return base64.b64encode(body).decode("ascii"), "base64"
     try:
-        return json.loads(text), "json"
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # "[" * 5000 exhausts the recursion limit
         return text, "text"
+    if json_depth(value) > MAX_PAYLOAD_DEPTH:
+        return text, "text"
+    return value, "json"
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays/objects nest in a parsed JSON value (0 for a scalar), without
+    recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in item)
+    return deepest
 
 
 def decode_payload(payload: Any, encoding: str) -> bytes:
@@ -171,7 +197,7 @@ def view_of(
                 payload_encoding=record.get("payload_encoding", "json"),
                 headers=record.get("headers") or {},
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             pass  # a damaged record is shown raw below rather than hidden
     headers = headers or {}
     deaths = headers.get("x-death") or []

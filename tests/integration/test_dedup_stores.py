@@ -214,6 +214,106 @@ def test_eight_connections_claiming_one_id_at_once_apply_it_once(
     assert len(notes(store)) == 1
 
 
+# --- batches (one transaction for many deliveries) ----------------------------------------------
+def failing(message_id: str) -> Callable[[Any], None]:
+    def fail(db: Any) -> None:
+        note(message_id, "half-done")(db)
+        raise HandlerFailed(f"{message_id} failed")
+
+    return fail
+
+
+def test_a_batch_gives_each_delivery_its_own_outcome(
+    store: ManagedDedupStore, opened: Callable[..., ManagedDedupStore]
+) -> None:
+    store.process_once("old", note("old"))
+    results = store.process_batch(
+        [("a", note("a")), ("old", note("old", "again")), ("b", failing("b")), ("c", note("c"))]
+    )
+    assert results[:2] == [True, False] and results[3] is True
+    assert isinstance(results[2], HandlerFailed)
+    other = opened()  # committed before process_batch returned
+    assert notes(other) == [("a", "done"), ("c", "done"), ("old", "done")]
+    assert [other.is_processed(m) for m in ("a", "b", "c")] == [True, False, True]
+
+
+def test_a_batch_runs_a_later_copy_when_the_first_copy_failed(store: ManagedDedupStore) -> None:
+    results = store.process_batch(
+        [("a", failing("a")), ("a", note("a", "second")), ("a", note("a", "third"))]
+    )
+    assert isinstance(results[0], HandlerFailed) and results[1:] == [True, False]
+    assert notes(store) == [("a", "second")]
+    assert store.is_processed("a")
+
+
+def test_a_batch_whose_only_copy_failed_leaves_no_claim(store: ManagedDedupStore) -> None:
+    store.process_batch([("a", failing("a")), ("b", note("b"))])
+    assert (store.is_processed("a"), store.is_processed("b")) == (False, True)
+    assert store.process_once("a", note("a", "retried")) is True
+
+
+def test_a_batch_handler_gets_the_store_placeholder(store: ManagedDedupStore) -> None:
+    seen: list[str] = []
+    store.process_batch([("a", lambda db: seen.append(placeholder_for(db)))])
+    assert seen == [store.placeholder]
+
+
+def test_a_batch_waits_for_a_claim_held_by_an_open_transaction(
+    store: ManagedDedupStore, opened: Callable[..., ManagedDedupStore]
+) -> None:
+    batcher = opened()
+    started, release = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def slow(db: Any) -> None:
+        note("m-1", "single")(db)
+        started.set()
+        assert release.wait(30)
+
+    a = threading.Thread(target=lambda: results.update(a=store.process_once("m-1", slow)))
+    a.start()
+    assert started.wait(30)
+    b = threading.Thread(
+        target=lambda: results.update(
+            b=batcher.process_batch([("m-0", note("m-0")), ("m-1", note("m-1", "batch"))])
+        )
+    )
+    b.start()
+    b.join(0.5)
+    assert b.is_alive()  # the batch waits on m-1's uncommitted claim
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert results == {"a": True, "b": [True, False]}
+    assert notes(store) == [("m-0", "done"), ("m-1", "single")]
+
+
+def test_four_connections_batching_overlapping_ids_apply_each_once(
+    store: ManagedDedupStore, opened: Callable[..., ManagedDedupStore]
+) -> None:
+    stores = [opened() for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+    applied: list[str] = []
+    lock = threading.Lock()
+
+    def run(s: ManagedDedupStore, i: int) -> None:
+        # each batch overlaps the others, in a different order
+        ids = [f"m-{(i * 7 + k) % 40:02d}" for k in range(25)]
+        barrier.wait(30)
+        results = s.process_batch([(m, note(m, f"worker {i}")) for m in ids])
+        with lock:
+            applied.extend(m for m, ok in zip(ids, results, strict=True) if ok is True)
+
+    threads = [threading.Thread(target=run, args=(s, i)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(applied) == sorted(set(applied))  # no message_id applied twice
+    assert sorted(m for m, _ in notes(store)) == sorted(applied)
+
+
 # --- retention ---------------------------------------------------------------------------------
 def test_purge_removes_only_records_older_than_the_cutoff(
     opened: Callable[..., ManagedDedupStore],

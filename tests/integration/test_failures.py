@@ -135,6 +135,8 @@ BAD_INPUTS: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("kind-not-str", b'{"kind": 7}', {}, "'kind' must be a string"),
     ("not-utf8", b"\xff\xfe\xfa", {}, "body is not UTF-8"),
     ("empty", b"", {}, "empty body"),
+    # the parser recurses before it finds the body unclosed; the DLQ record keeps it as text
+    ("nested-deep", b"[" * 4000, {}, "body is JSON nested too deeply"),
     ("too-big", b'{"kind":"ok","pad":"' + b"x" * 5000 + b'"}', {}, "exceeds the limit of 4096"),
     ("bad-type", b'{"kind":"ok"}', {"content_type": "text/xml"}, "unsupported content_type"),
     (
@@ -188,6 +190,8 @@ def test_bad_input_is_dead_lettered_as_business_error(
         assert record["classification"] == "business"
         assert record["error"]["type"] == "InvalidMessage"
         assert reason in record["error"]["message"], record
+    deep = next(r for r in records if r["message_id"] == "nested-deep")
+    assert (deep["payload_encoding"], deep["payload"]) == ("text", "[" * 4000)
     assert ready_count(topology, "q:tasks") == 0
 
 

@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqp_lab.dlq_record import (
+    MAX_PAYLOAD_DEPTH,
     RECORD_TYPE,
     DlqEntry,
     build_record,
     decode_payload,
     encode_payload,
+    json_depth,
     record_message,
     replay_message,
     utc_iso,
@@ -398,3 +400,47 @@ def test_replay_of_a_raw_x_death_message_restores_the_original_message(as_bytes:
         content_type=JSON,
         headers={"trace": "t-9", "attempts": 0},
     )
+
+
+# --- poison bodies: nesting that would exhaust the recursion limit ------------------------------
+@pytest.mark.parametrize(
+    ("value", "depth"),
+    [(1, 0), ("x", 0), ([], 1), ({"a": [1, {"b": []}]}, 4), ([[1], [[2]]], 3)],
+)
+def test_json_depth(value: Any, depth: int) -> None:
+    assert json_depth(value) == depth
+
+
+def test_json_depth_of_a_very_deep_value_does_not_recurse() -> None:
+    value: Any = []
+    for _ in range(50_000):
+        value = [value]
+    assert json_depth(value) == 50_001
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 5000,  # not JSON, but the parser recurses before it finds out (hypothesis found it)
+        b"[" * 500 + b"]" * 500,  # valid JSON, too deep to keep as JSON in a record
+        b'{"a":' * (MAX_PAYLOAD_DEPTH + 1) + b"1" + b"}" * (MAX_PAYLOAD_DEPTH + 1),
+    ],
+)
+def test_deeply_nested_bodies_are_kept_as_text_and_replay_byte_for_byte(body: bytes) -> None:
+    payload, encoding = encode_payload(body)
+    assert (payload, encoding) == (body.decode(), "text")
+    record = _record(body=body)
+    assert json.loads(record_message(record, "tasks.dlx", "task").body)["payload"] == body.decode()
+    assert decode_payload(payload, encoding) == body
+
+
+def test_json_at_the_depth_limit_stays_json() -> None:
+    body = b"[" * MAX_PAYLOAD_DEPTH + b"]" * MAX_PAYLOAD_DEPTH
+    assert encode_payload(body)[1] == "json"
+
+
+@pytest.mark.parametrize("body", [b"[" * 5000, b"[1,2]", b'"a string"', b"{nope"])
+def test_a_damaged_record_is_shown_raw(body: bytes) -> None:
+    entry = view_of(body, "m-1", RECORD_TYPE, {})
+    assert entry.source == "raw"
+    assert decode_payload(entry.payload, entry.payload_encoding) == body
