@@ -67,7 +67,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
-transaction that also records the message_id. Raise BusinessError or TransientError (or any
+transaction that also records the message_id (in batch mode a
+:class:`~amqp_lab.dedup.SavepointConnection` over the batch's one transaction: use
+``db.execute`` and friends, never commit). Raise BusinessError or TransientError (or any
 exception, treated as unknown/transient) to fail."""
 
 
