@@ -67,10 +67,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
-transaction that also records the message_id (in batch mode a
-:class:`~amqp_lab.dedup.SavepointConnection` over the batch's one transaction: use
-``db.execute`` and friends, never commit). Raise BusinessError or TransientError (or any
-exception, treated as unknown/transient) to fail."""
+transaction that also records the message_id (with ``ack_batch`` > 1 and a store that has
+``process_batch``, a :class:`~amqp_lab.dedup.SavepointConnection` over the batch's one
+transaction: use ``db.execute`` and friends, never commit). Raise BusinessError or
+TransientError (or any exception, treated as unknown/transient) to fail."""
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class Consumer:
 
     def _process(self, work: list[_Delivery]) -> None:
         """Worker thread: claim + handler per delivery, committed before any ack."""
-        if len(work) > 1 and hasattr(self.store, "process_batch"):
+        if self.config.ack_batch > 1 and hasattr(self.store, "process_batch"):
             pairs = [
                 (d.message_id, functools.partial(self.handler, d.task))
                 for d in work

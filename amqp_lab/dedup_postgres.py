@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
 from amqp_lab.dedup import Purged, SavepointConnection, StoreStats
-from amqp_lab.errors import DedupStoreError
+from amqp_lab.errors import DedupStoreError, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
 T = TypeVar("T")
@@ -38,6 +39,19 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at)",
     "CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at)",
 )
+
+
+def _raise_if_aborted(db: psycopg.Connection[Any], message_id: str) -> None:
+    """A handler that caught its own failed statement and returned normally left the
+    transaction aborted: PostgreSQL would turn the COMMIT into a ROLLBACK without an error
+    (psycopg does not raise), so the message would be acked with neither its claim nor its
+    writes. Raise TransientError instead, which rolls the writes back and retries the
+    delivery."""
+    if db.info.transaction_status == TransactionStatus.INERROR:
+        raise TransientError(
+            f"the handler of message_id={message_id!r} returned after a failed SQL statement "
+            "(the transaction was aborted); its writes were rolled back"
+        )
 
 
 class PostgresDedupStore:
@@ -104,6 +118,14 @@ class PostgresDedupStore:
                 with suppress(psycopg.Error):
                     db.rollback()
                 raise
+            if db.info.transaction_status == TransactionStatus.INERROR:
+                # COMMIT would silently become ROLLBACK: say so instead of reporting success
+                with suppress(psycopg.Error):
+                    db.rollback()
+                raise DedupStoreError(
+                    f"cannot commit to ({what}) dedup store {self.location}: a statement failed "
+                    "and its error was swallowed; everything was rolled back"
+                )
             try:
                 db.commit()
             except psycopg.Error as e:
@@ -126,6 +148,7 @@ class PostgresDedupStore:
             if cursor.rowcount == 0:
                 return False
             work(db)
+            _raise_if_aborted(db, message_id)
         return True
 
     def process_batch(
@@ -142,8 +165,10 @@ class PostgresDedupStore:
         so they cannot deadlock on claims. Each handler then runs once with a
         :class:`~amqp_lab.dedup.SavepointConnection` (its first use opens a SAVEPOINT, so a
         failing handler's writes roll back alone), and the claims of message_ids whose every
-        copy failed are deleted before the commit. Raises DedupStoreError when the database
-        fails."""
+        copy failed are deleted before the commit. A handler that returns after one of its
+        statements failed (the transaction is aborted) fails with TransientError, its writes
+        rolled back. Raises DedupStoreError when the database fails or a handler ended the
+        transaction (nothing is committed then)."""
         now = self._clock()
         results: list[bool | BaseException] = []
         with self._transaction("claim a batch in") as db:
@@ -167,6 +192,18 @@ class PostgresDedupStore:
                 handler_db = SavepointConnection(db)
                 try:
                     work(handler_db)
+                    if db.info.transaction_status == TransactionStatus.IDLE:
+                        ran = {m for m, ok in succeeded.items() if ok} | {message_id}
+                        self._release_claims(db, sorted(claimed - ran))
+                        raise DedupStoreError(
+                            f"the handler of message_id={message_id!r} ended the batch's "
+                            f"transaction in {self.location} (COMMIT or ROLLBACK as SQL); the "
+                            "claims of the deliveries whose handlers had not run or had failed "
+                            "were released, so they run again when redelivered"
+                        )
+                    _raise_if_aborted(db, message_id)
+                except DedupStoreError:
+                    raise  # the store failed (or was misused), not the handler: nothing commits
                 except Exception as e:  # the handler's error: roll back this delivery only
                     handler_db.rollback_savepoint()
                     succeeded[message_id] = False
@@ -182,6 +219,15 @@ class PostgresDedupStore:
                 except psycopg.Error as e:
                     raise self._error("release failed claims in", e) from e
         return results
+
+    def _release_claims(self, db: psycopg.Connection[Any], message_ids: list[str]) -> None:
+        """After a handler committed the batch's transaction early: delete (and commit) the
+        claims it committed for deliveries whose handlers never ran or failed."""
+        try:
+            db.execute("DELETE FROM processed WHERE message_id = ANY(%s)", (message_ids,))
+            db.commit()
+        except psycopg.Error as e:
+            raise self._error("release the claims of unrun handlers in", e) from e
 
     def first_seen(self, message_id: str, now: float) -> float:
         """When ``message_id`` was first received (epoch seconds); records ``now`` the first

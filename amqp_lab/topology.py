@@ -90,7 +90,9 @@ class Topology:
     def policy_for(self, queue_name: str) -> Policy | None:
         """The policy RabbitMQ applies to a queue of that name: of those whose pattern matches
         (``re.search``) and that apply to queues, the one of highest priority; None if none.
-        Only one policy ever applies to a queue: https://www.rabbitmq.com/docs/policies"""
+        Only one policy ever applies to a queue: https://www.rabbitmq.com/docs/policies. Among
+        equal priorities RabbitMQ's choice is unspecified (here: the first in the data), and
+        operator policies, which the broker merges in, are not part of the topology."""
         matches = [
             p
             for p in self.policies

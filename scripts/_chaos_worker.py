@@ -86,12 +86,18 @@ def run_worker(
     unsafe_auto_ack: bool = False,
     work_seconds: float = 0.0,
     prefetch: int = 10,
+    ack_batch: int = 1,
 ) -> int:
-    """Consume until idle with the stop file present; return the exit code (0)."""
+    """Consume until idle with the stop file present; return the exit code (0). With
+    ``ack_batch`` > 1 the store's process_batch covers each batch (prefetch: 2 * ack_batch)."""
     store = open_store(dedup_url)
     handler = ledger_handler(run_id, name, work_seconds)
     config = ConsumerConfig(
-        queue=QUEUE, prefetch=prefetch, idle_exit=IDLE_EXIT, reconnect_attempts=30
+        queue=QUEUE,
+        prefetch=max(prefetch, 2 * ack_batch),
+        ack_batch=ack_batch,
+        idle_exit=IDLE_EXIT,
+        reconnect_attempts=30,
     )
     try:
         while True:

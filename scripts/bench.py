@@ -58,7 +58,10 @@ def fresh_queue(settings: BrokerSettings, mode: str) -> None:
     connection = connect(settings)
     channel = connection.channel()
     channel.queue_delete(QUEUE)
-    channel.queue_declare(QUEUE, durable=True, arguments={"x-queue-mode": mode})
+    # classic like q:tasks, even in a vhost whose default queue type is quorum (4.x)
+    channel.queue_declare(
+        QUEUE, durable=True, arguments={"x-queue-type": "classic", "x-queue-mode": mode}
+    )
     connection.close()
 
 
@@ -79,8 +82,8 @@ def wait_for_depth(settings: BrokerSettings, n: int, timeout: float = 60) -> Non
 
 def raw_publish(settings: BrokerSettings, n: int) -> tuple[float, float]:
     """Fire-and-forget: (msg/s until the client has written everything - the reference the
-    targets use -, msg/s until the queue holds all n, polled every 10 ms on a second
-    connection)."""
+    targets use -, msg/s until all n are enqueued, the queue depth polled every 10 ms on a
+    second connection). Raises SystemExit if the queue does not reach n within 120 s."""
     connection = connect(settings)
     channel = connection.channel()
     probe = connect(settings)
@@ -91,12 +94,15 @@ def raw_publish(settings: BrokerSettings, n: int) -> tuple[float, float]:
         channel.basic_publish("", QUEUE, BODY, props)
     connection.process_data_events(0)
     written = time.perf_counter() - started
+    deadline = started + 120
     while probe_channel.queue_declare(QUEUE, passive=True).method.message_count < n:
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"the bench queue did not reach {n} messages in 120 s")
         time.sleep(0.01)
-    held = time.perf_counter() - started
+    enqueued = time.perf_counter() - started
     connection.close()
     probe.close()
-    return n / written, n / held
+    return n / written, n / enqueued
 
 
 def sync_confirms(settings: BrokerSettings, n: int) -> float:
@@ -259,7 +265,7 @@ def main() -> int:
         k: []
         for k in (
             "raw_fire_and_forget",
-            "raw_fire_and_forget_broker_held",
+            "raw_fire_and_forget_enqueued",
             "pika_sync_confirms",
             "our_publisher",
             "raw_auto_ack_consume",
@@ -269,9 +275,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             fresh_queue(settings, args.queue_mode)
-            written, held = raw_publish(settings, n)
+            written, enqueued = raw_publish(settings, n)
             results["raw_fire_and_forget"].append(written)
-            results["raw_fire_and_forget_broker_held"].append(held)
+            results["raw_fire_and_forget_enqueued"].append(enqueued)
             results["raw_auto_ack_consume"].append(raw_consume(settings, n))
             fresh_queue(settings, args.queue_mode)
             results["pika_sync_confirms"].append(sync_confirms(settings, max(500, n // 10)))
@@ -300,8 +306,8 @@ def main() -> int:
         "publisher_vs_fire_and_forget": round(
             median["our_publisher"] / median["raw_fire_and_forget"], 3
         ),
-        "publisher_vs_broker_held": round(
-            median["our_publisher"] / median["raw_fire_and_forget_broker_held"], 3
+        "publisher_vs_enqueued": round(
+            median["our_publisher"] / median["raw_fire_and_forget_enqueued"], 3
         ),
         "publisher_vs_sync_confirms": round(
             median["our_publisher"] / median["pika_sync_confirms"], 2
@@ -322,8 +328,8 @@ def main() -> int:
         f"publisher / fire-and-forget  {summary['publisher_vs_fire_and_forget']:>8} (target >= 0.7)"
     )
     print(
-        f"publisher / broker-held f&f  {summary['publisher_vs_broker_held']:>8} "
-        "(no target: fire-and-forget timed until the queue holds every message)"
+        f"publisher / f&f enqueued     {summary['publisher_vs_enqueued']:>8} "
+        "(no target: fire-and-forget timed until every message is enqueued)"
     )
     print(f"publisher / sync confirms    {summary['publisher_vs_sync_confirms']:>8} (target >= 8)")
     print(f"consumer / auto-ack          {summary['consumer_vs_auto_ack']:>8} (target >= 0.5)")

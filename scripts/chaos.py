@@ -68,7 +68,7 @@ class ChaosRun:
         self.kills = 0
         command = [sys.executable, str(Path(__file__).resolve()), "--dedup-url", args.dedup_url]
         command += ["--run-id", self.run_id, "--stop-file", str(self.stop_file)]
-        command += ["--work-ms", str(args.work_ms)]
+        command += ["--work-ms", str(args.work_ms), "--ack-batch", str(args.ack_batch)]
         command += ["--unsafe-auto-ack"] if args.unsafe_auto_ack else []
         self.pool = WorkerPool(args.workers, command, workdir)
         self.publisher = PublisherThread(
@@ -186,6 +186,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duplicate-every", type=int, default=10, metavar="D")
     parser.add_argument("--work-ms", type=float, default=20.0, help="handler work per message")
     parser.add_argument("--publish-rate", type=float, default=0.0, help="messages/s; 0: no cap")
+    parser.add_argument(
+        "--ack-batch",
+        type=int,
+        default=1,
+        metavar="B",
+        help="deliveries per store transaction and basic.ack multiple=true (prefetch 2*B)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="for the event plan")
     parser.add_argument("--json", action="store_true", help="last line: the JSON summary")
     parser.add_argument("--worker-process", default=None, help=argparse.SUPPRESS)
@@ -210,6 +217,7 @@ def main() -> int:
             Path(args.stop_file),
             args.unsafe_auto_ack,
             args.work_ms / 1000,
+            ack_batch=args.ack_batch,
         )
     settings = settings_from_env("amqp-lab chaos")
     apply_topology(settings, load_topology())

@@ -7,19 +7,20 @@ periodic purge, and several worker processes sharing the PostgreSQL store.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from amqp_lab.dedup import ManagedDedupStore, open_store, placeholder_for
-from amqp_lab.errors import DedupStoreError
+from amqp_lab.errors import DedupStoreError, TransientError
 from amqp_lab.message import task_message
 from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
@@ -294,13 +295,23 @@ def test_four_connections_batching_overlapping_ids_apply_each_once(
     stores = [opened() for _ in range(4)]
     barrier = threading.Barrier(len(stores))
     applied: list[str] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
+    everything = [f"m-{k:02d}" for k in range(40)]
 
     def run(s: ManagedDedupStore, i: int) -> None:
-        # each batch overlaps the others, in a different order
-        ids = [f"m-{(i * 7 + k) % 40:02d}" for k in range(25)]
-        barrier.wait(30)
-        results = s.process_batch([(m, note(m, f"worker {i}")) for m in ids])
+        # overlapping batches, each in its own order (forward, backward, shuffled)
+        ids = everything[i * 5 : i * 5 + 25]
+        ids = ids[::-1] if i % 2 else ids
+        if i == 3:
+            random.Random(7).shuffle(ids)
+        try:
+            barrier.wait(30)
+            results = s.process_batch([(m, note(m, f"worker {i}")) for m in ids])
+        except BaseException as e:  # e.g. a deadlock: fail the test, not just warn
+            with lock:
+                errors.append(e)
+            return
         with lock:
             applied.extend(m for m, ok in zip(ids, results, strict=True) if ok is True)
 
@@ -310,8 +321,98 @@ def test_four_connections_batching_overlapping_ids_apply_each_once(
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads)
-    assert sorted(applied) == sorted(set(applied))  # no message_id applied twice
-    assert sorted(m for m, _ in notes(store)) == sorted(applied)
+    assert errors == []
+    assert sorted(applied) == everything  # each id applied exactly once, none missing
+    assert sorted(m for m, _ in notes(store)) == everything
+
+
+UNIQUE = "CREATE TABLE IF NOT EXISTS uniq (k INTEGER PRIMARY KEY)"
+
+
+def swallow_a_failed_statement(message_id: str) -> Callable[[Any], None]:
+    """A handler that writes, then catches its own failed statement and returns normally."""
+
+    def work(db: Any) -> None:
+        note(message_id, "before")(db)
+        with suppress(Exception):
+            db.execute("INSERT INTO uniq VALUES (1)")  # already there: unique violation
+
+    return work
+
+
+def raise_after_a_failed_statement(db: Any) -> None:
+    note("bad", "before")(db)
+    db.execute("INSERT INTO uniq VALUES (1)")
+
+
+@pytest.fixture
+def uniq_store(store: ManagedDedupStore) -> ManagedDedupStore:
+    store.run_in_transaction(lambda db: db.execute(UNIQUE))
+    store.run_in_transaction(lambda db: db.execute("INSERT INTO uniq VALUES (1)"))
+    return store
+
+
+def test_a_handler_that_swallows_a_failed_statement_is_never_acked_without_its_effect(
+    uniq_store: ManagedDedupStore, store_url: str
+) -> None:
+    """PostgreSQL aborts the transaction on a failed statement and would turn the COMMIT into a
+    silent ROLLBACK: the message would be acked with neither claim nor writes. SQLite goes on."""
+    once = swallow_a_failed_statement("once")
+    batch = [("a", note("a")), ("b", swallow_a_failed_statement("b")), ("c", note("c"))]
+    if store_url.startswith("postgresql"):
+        with pytest.raises(TransientError, match=r"returned after a failed SQL statement"):
+            uniq_store.process_once("once", once)
+        results = uniq_store.process_batch(batch)
+        assert isinstance(results[1], TransientError) and results[::2] == [True, True]
+        assert notes(uniq_store) == [("a", "done"), ("c", "done")]
+        assert [uniq_store.is_processed(m) for m in ("once", "a", "b", "c")] == [
+            False,
+            True,
+            False,
+            True,
+        ]
+    else:
+        assert uniq_store.process_once("once", once) is True
+        assert uniq_store.process_batch(batch) == [True, True, True]
+        assert [m for m, _ in notes(uniq_store)] == ["a", "b", "c", "once"]
+
+
+def test_a_handler_raising_after_a_failed_statement_rolls_back_alone(
+    uniq_store: ManagedDedupStore,
+) -> None:
+    results = uniq_store.process_batch(
+        [("a", note("a")), ("bad", raise_after_a_failed_statement), ("c", note("c"))]
+    )
+    assert results[::2] == [True, True] and isinstance(results[1], Exception)
+    assert notes(uniq_store) == [("a", "done"), ("c", "done")]
+    assert not uniq_store.is_processed("bad")
+
+
+def test_a_handler_cannot_commit_the_batch_through_the_connection(
+    store: ManagedDedupStore,
+) -> None:
+    results = store.process_batch(
+        [("a", note("a")), ("b", lambda db: db.commit()), ("c", note("c"))]
+    )
+    assert results[::2] == [True, True] and isinstance(results[1], TypeError)
+    assert [store.is_processed(m) for m in ("a", "b", "c")] == [True, False, True]
+
+
+def test_a_handler_committing_through_sql_stops_the_batch_without_losing_any(
+    store: ManagedDedupStore,
+) -> None:
+    """COMMIT as SQL cannot be blocked. On PostgreSQL it commits every claim of the batch: the
+    claims of handlers that never ran are released again, so their redeliveries run them."""
+    batch = [
+        ("a", note("a")),
+        ("b", lambda db: db.execute("COMMIT")),
+        ("c", note("c")),
+    ]
+    with pytest.raises(DedupStoreError, match=r"ended the batch's transaction"):
+        store.process_batch(batch)
+    assert not store.is_processed("c")  # never ran: redelivered, it runs
+    assert store.process_batch([("c", note("c"))]) == [True]
+    assert ("c", "done") in notes(store)
 
 
 # --- retention ---------------------------------------------------------------------------------

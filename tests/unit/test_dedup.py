@@ -234,8 +234,8 @@ def test_batch_of_handlers_without_writes_runs_no_savepoint(store: SqliteDedupSt
     seen = _statements(store)
     store.process_batch([(f"m-{i}", lambda db: None) for i in range(500)])
     assert not [s for s in seen if "SAVEPOINT" in s or "RELEASE" in s]
-    # BEGIN, one SELECT of held claims, one INSERT of the claims, COMMIT
-    assert len(seen) == 4
+    # BEGIN, one SELECT of held claims, one executemany (traced per row), COMMIT
+    assert [s.split()[0] for s in seen] == ["BEGIN", "SELECT"] + ["INSERT"] * 500 + ["COMMIT"]
     assert all(store.is_processed(f"m-{i}") for i in range(500))
 
 
@@ -256,16 +256,51 @@ def test_batch_handler_sees_a_sqlite_placeholder(store: SqliteDedupStore) -> Non
     assert seen == ["?"]
 
 
-def test_batch_handler_cannot_commit_the_batch_early(
+def _with_block(db: Any) -> None:
+    with db:
+        db.execute("INSERT INTO notes VALUES ('early')")
+
+
+@pytest.mark.parametrize(
+    "end_early",
+    [
+        _with_block,
+        lambda db: db.commit(),
+        lambda db: db.rollback(),
+        lambda db: db.close(),
+        lambda db: db.executescript("INSERT INTO notes VALUES ('early')"),
+        lambda db: setattr(db, "autocommit", True),
+    ],
+    ids=["with", "commit", "rollback", "close", "executescript", "autocommit"],
+)
+def test_batch_handler_cannot_end_the_batch_transaction(
+    notes_store: SqliteDedupStore, db_path: Path, end_early: Any
+) -> None:
+    results = notes_store.process_batch([("a", _note("a")), ("b", end_early), ("c", _note("c"))])
+    assert results[0] is True and results[2] is True
+    assert isinstance(results[1], TypeError | AttributeError)
+    assert _notes(db_path) == ["a", "c"]
+    assert not notes_store.is_processed("b")
+
+
+def test_batch_handler_committing_through_sql_stops_the_batch(
     notes_store: SqliteDedupStore, db_path: Path
 ) -> None:
-    def commit_early(db: Any) -> None:
-        with db:
-            db.execute("INSERT INTO notes VALUES ('early')")
+    with pytest.raises(DedupStoreError, match=r"ended the batch's transaction"):
+        notes_store.process_batch(
+            [("a", _note("a")), ("b", lambda db: db.execute("COMMIT")), ("c", _note("c"))]
+        )
+    assert not notes_store.is_processed("a")  # no claim was committed
+    assert notes_store.process_batch([("x", _note("x"))]) == [True]  # the store still works
 
-    results = notes_store.process_batch([("a", commit_early), ("b", _note("b"))])
-    assert isinstance(results[0], TypeError) and results[1] is True
-    assert _notes(db_path) == ["b"]
+
+def test_batch_handles_a_message_id_with_nul(store: SqliteDedupStore) -> None:
+    assert store.process_once("a\x00x", lambda db: None) is True
+    assert store.process_batch([("a\x00x", lambda db: None), ("a", lambda db: None)]) == [
+        False,
+        True,
+    ]
+    assert store.process_batch([("a\x00y", lambda db: None)] * 2) == [True, False]
 
 
 def test_empty_batch(store: SqliteDedupStore) -> None:
