@@ -168,7 +168,7 @@ def noop(task: Any, db: Any) -> None:
 def our_consume(settings: BrokerSettings, n: int, batch: int, path: Path) -> float:
     store = SqliteDedupStore(path)
     config = ConsumerConfig(
-        queue=QUEUE, prefetch=batch * 2, ack_batch=batch, max_messages=n, idle_exit=5
+        queue=QUEUE, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=5
     )
     started = time.perf_counter()
     handled = Consumer(settings, noop, store, config, on_report=lambda r: None).run()
@@ -222,7 +222,7 @@ def latency_consumer(settings: BrokerSettings, n: int, batch: int) -> int:
             handler,
             store,
             ConsumerConfig(
-                queue=QUEUE, prefetch=batch * 2, ack_batch=batch, max_messages=n, idle_exit=10
+                queue=QUEUE, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=10
             ),
             on_report=lambda r: None,
         ).run()
@@ -244,7 +244,9 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--window", type=int, default=10000, help="unconfirmed in flight")
-    parser.add_argument("--batch", type=int, default=500, help="consumer ack batch")
+    parser.add_argument(
+        "--batch", type=int, default=500, help="consumer ack batch (prefetch: 3 * batch)"
+    )
     parser.add_argument("--rate", type=int, default=1000, help="latency test, msg/s")
     parser.add_argument("--seconds", type=float, default=5.0, help="latency test duration")
     parser.add_argument(

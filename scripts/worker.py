@@ -102,7 +102,8 @@ def main() -> int:
         default=1,
         metavar="N",
         help="handle N deliveries per store transaction and ack them with one "
-        "basic.ack(multiple) after its commit (N <= --prefetch)",
+        "basic.ack(multiple) after its commit (N <= --prefetch; a prefetch of 3*N keeps "
+        "deliveries flowing while a batch commits)",
     )
     args = parser.parse_args()
     if args.prefetch < 1:
