@@ -9,8 +9,9 @@ another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and de
 
 The bench queue is declared like the work queue q:tasks is configured: durable, with the
 queue-mode its policy in topology/definitions.json sets (lazy; the policy itself would need the
-management API). Every path starts on a freshly declared queue, and each consume path starts
-once the broker holds all n messages.
+management API). Every path starts on a freshly declared queue. Both consume paths read the same
+n messages (our publisher's: message_id, content_type, timestamp), published the same way, and
+start once the broker holds all of them.
 
     python scripts/bench.py [--messages 20000] [--repeat 5] [--json]
 """
@@ -282,7 +283,6 @@ def main() -> int:
             written, enqueued = raw_publish(settings, n)
             results["raw_fire_and_forget"].append(written)
             results["raw_fire_and_forget_enqueued"].append(enqueued)
-            results["raw_auto_ack_consume"].append(raw_consume(settings, n))
             fresh_queue(settings, args.queue_mode)
             results["pika_sync_confirms"].append(sync_confirms(settings, max(500, n // 10)))
             fresh_queue(settings, args.queue_mode)
@@ -291,6 +291,11 @@ def main() -> int:
             results["our_consumer"].append(
                 our_consume(settings, n, args.batch, Path(tmp) / f"dedup-{r}.sqlite3")
             )
+            # the auto-ack baseline consumes the same messages, published the same way
+            fresh_queue(settings, args.queue_mode)
+            our_publish(settings, n, args.window)
+            wait_for_depth(settings, n)
+            results["raw_auto_ack_consume"].append(raw_consume(settings, n))
             print(f"... repetition {r + 1}/{args.repeat} done", file=sys.stderr, flush=True)
     fresh_queue(settings, args.queue_mode)
     median = {k: statistics.median(v) for k, v in results.items()}
