@@ -19,6 +19,7 @@ than the retention window are removed with ``purge`` (:mod:`amqp_lab.retention`)
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
@@ -152,11 +153,6 @@ class SavepointConnection:
             self._open = True
         return getattr(self.connection, name)
 
-    @property
-    def opened(self) -> bool:
-        """Whether the handler used the connection (so a SAVEPOINT is open)."""
-        return self._open
-
     def release_savepoint(self) -> None:
         """Keep the handler's writes (RELEASE); nothing to do if it wrote nothing. Raises
         DedupStoreError if the statement fails."""
@@ -181,6 +177,26 @@ class SavepointConnection:
 
 
 _ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript", "autocommit"})
+
+
+def run_in_savepoint(
+    connection: Any, work: Callable[[Any], None], check: Callable[[], None]
+) -> Exception | None:
+    """Run one handler of a batch: ``work`` gets a :class:`SavepointConnection`, then ``check()``
+    (the store's test that the transaction is still usable) runs. Returns None after RELEASE, or
+    the exception ``work`` or ``check`` raised after ROLLBACK TO. A DedupStoreError (the store
+    failed or was misused) is raised, not returned."""
+    handler_db = SavepointConnection(connection)
+    try:
+        work(handler_db)
+        check()
+    except DedupStoreError:
+        raise
+    except Exception as e:  # the handler's error: roll back this delivery only
+        handler_db.rollback_savepoint()
+        return e
+    handler_db.release_savepoint()
+    return None
 
 
 def store_kind(url_or_path: str | Path) -> tuple[Literal["sqlite", "postgresql"], str]:
@@ -301,25 +317,13 @@ class SqliteDedupStore:
                 if message_id in held:
                     results.append(False)
                     continue
-                handler_db = SavepointConnection(db)
-                try:
-                    work(handler_db)
-                except DedupStoreError:
-                    raise  # a savepoint failed: the store, not the handler
-                except Exception as e:  # the handler's error: roll back this delivery only
-                    handler_db.rollback_savepoint()
-                    results.append(e)
-                else:
-                    if not db.in_transaction:
-                        raise DedupStoreError(
-                            f"the handler of message_id={message_id!r} ended the batch's "
-                            f"transaction in {self.path} (COMMIT or ROLLBACK as SQL): writes of "
-                            "earlier handlers may be committed without their claims"
-                        )
-                    handler_db.release_savepoint()
+                error = run_in_savepoint(
+                    db, work, functools.partial(self._check_open, db, message_id)
+                )
+                if error is None:
                     held.add(message_id)
                     claims.append(message_id)
-                    results.append(True)
+                results.append(True if error is None else error)
             self._insert_claims(db, claims, now)
         return results
 
@@ -338,6 +342,14 @@ class SqliteDedupStore:
                 )
         except sqlite3.Error as e:
             raise DedupStoreError(f"claims failed in {self.path}: {e}") from e
+
+    def _check_open(self, db: sqlite3.Connection, message_id: str) -> None:
+        if not db.in_transaction:
+            raise DedupStoreError(
+                f"the handler of message_id={message_id!r} ended the batch's transaction in "
+                f"{self.path} (COMMIT or ROLLBACK as SQL): writes of earlier handlers may be "
+                "committed without their claims"
+            )
 
     def _held_claims(self, db: sqlite3.Connection, ids: list[str]) -> set[str]:
         """The ids among ``ids`` already claimed: one SELECT per 500 (bound parameters, so any

@@ -24,7 +24,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from amqp_lab.dedup import Purged, SavepointConnection, StoreStats
+from amqp_lab.dedup import Purged, StoreStats, run_in_savepoint
 from amqp_lab.errors import DedupStoreError, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -189,9 +189,8 @@ class PostgresDedupStore:
                 if message_id not in claimed or succeeded.get(message_id):
                     results.append(False)
                     continue
-                handler_db = SavepointConnection(db)
-                try:
-                    work(handler_db)
+
+                def check(message_id: str = message_id) -> None:
                     if db.info.transaction_status == TransactionStatus.IDLE:
                         ran = {m for m, ok in succeeded.items() if ok} | {message_id}
                         self._release_claims(db, sorted(claimed - ran))
@@ -202,16 +201,10 @@ class PostgresDedupStore:
                             "were released, so they run again when redelivered"
                         )
                     _raise_if_aborted(db, message_id)
-                except DedupStoreError:
-                    raise  # the store failed (or was misused), not the handler: nothing commits
-                except Exception as e:  # the handler's error: roll back this delivery only
-                    handler_db.rollback_savepoint()
-                    succeeded[message_id] = False
-                    results.append(e)
-                else:
-                    handler_db.release_savepoint()
-                    succeeded[message_id] = True
-                    results.append(True)
+
+                error = run_in_savepoint(db, work, check)
+                succeeded[message_id] = error is None
+                results.append(True if error is None else error)
             failed = [message_id for message_id, ok in succeeded.items() if not ok]
             if failed:
                 try:

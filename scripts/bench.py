@@ -70,15 +70,19 @@ def wait_for_depth(settings: BrokerSettings, n: int, timeout: float = 60) -> Non
     """Poll until the bench queue holds ``n`` messages (fire-and-forget returns before the broker
     has them all); raises SystemExit after ``timeout`` seconds."""
     connection = connect(settings)
-    channel = connection.channel()
-    deadline = time.monotonic() + timeout
     try:
-        while channel.queue_declare(QUEUE, passive=True).method.message_count < n:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the bench queue did not reach {n} messages in {timeout} s")
-            time.sleep(0.05)
+        _poll_depth(connection.channel(), n, time.monotonic() + timeout)
     finally:
         connection.close()
+
+
+def _poll_depth(channel: Any, n: int, deadline: float) -> None:
+    """Passive queue.declare every 10 ms until the bench queue holds ``n`` messages; SystemExit
+    once time.monotonic() passes ``deadline``."""
+    while channel.queue_declare(QUEUE, passive=True).method.message_count < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the bench queue did not reach {n} messages in time")
+        time.sleep(0.01)
 
 
 def raw_publish(settings: BrokerSettings, n: int) -> tuple[float, float]:
@@ -95,11 +99,7 @@ def raw_publish(settings: BrokerSettings, n: int) -> tuple[float, float]:
         channel.basic_publish("", QUEUE, BODY, props)
     connection.process_data_events(0)
     written = time.perf_counter() - started
-    deadline = started + 120
-    while probe_channel.queue_declare(QUEUE, passive=True).method.message_count < n:
-        if time.perf_counter() > deadline:
-            raise SystemExit(f"the bench queue did not reach {n} messages in 120 s")
-        time.sleep(0.01)
+    _poll_depth(probe_channel, n, time.monotonic() + 120)
     enqueued = time.perf_counter() - started
     connection.close()
     probe.close()
