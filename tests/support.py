@@ -65,6 +65,12 @@ def ready_count(settings: BrokerSettings, queue: str) -> int:
         return int(channel.queue_declare(queue, passive=True).method.message_count)
 
 
+def consumer_count(settings: BrokerSettings, queue: str) -> int:
+    """Consumers subscribed to ``queue`` now (queue.declare passive; exact, no statistics lag)."""
+    with open_channel(settings) as channel:
+        return int(channel.queue_declare(queue, passive=True).method.consumer_count)
+
+
 def get_all(settings: BrokerSettings, queue: str) -> list[tuple[Any, Any, bytes]]:
     """Consume (basic.get + ack) every message in ``queue``: [(method, properties, body)]."""
     messages = []

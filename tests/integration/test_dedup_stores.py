@@ -25,7 +25,15 @@ from amqp_lab.message import task_message
 from amqp_lab.publisher import Publisher
 from amqp_lab.settings import BrokerSettings
 from tests.pgsupport import temp_database
-from tests.support import ROOT, parse_lines, ready_count, run_script, script_env
+from tests.support import (
+    ROOT,
+    consumer_count,
+    parse_lines,
+    ready_count,
+    run_script,
+    script_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -505,18 +513,14 @@ def test_worker_purges_expired_records_at_start(topology: BrokerSettings, store_
 
 # --- several worker processes on one queue -------------------------------------------------------
 def test_two_worker_processes_share_the_store(topology: BrokerSettings, store_url: str) -> None:
-    """20 message_ids, each published twice back to back: the two copies usually reach the two
-    workers at the same moment. Each id is applied exactly once."""
-    with Publisher(topology) as publisher:
-        for seq in range(20):
-            message = task_message("ok", seq, f"m-{seq:02d}")
-            publisher.publish(message)
-            publisher.publish(message)
+    """20 message_ids, each published twice back to back once both workers are subscribed: the
+    broker hands the two copies to the two workers in turn, at about the same moment. Each id
+    is applied exactly once."""
     workers = [
         subprocess.Popen(
             [
                 *(sys.executable, str(ROOT / "scripts" / "worker.py"), "--prefetch", "1"),
-                *("--idle-exit", "2", "--dedup-url", store_url),
+                *("--idle-exit", "4", "--dedup-url", store_url),
             ],
             env=script_env(topology),
             stdout=subprocess.PIPE,
@@ -525,6 +529,13 @@ def test_two_worker_processes_share_the_store(topology: BrokerSettings, store_ur
         )
         for _ in range(2)
     ]
+    # publishing before the second worker subscribes let the first take every message
+    wait_for(lambda: consumer_count(topology, "q:tasks") == 2, what="both workers subscribed")
+    with Publisher(topology) as publisher:
+        for seq in range(20):
+            message = task_message("ok", seq, f"m-{seq:02d}")
+            publisher.publish(message)
+            publisher.publish(message)
     outputs = [w.communicate(timeout=90) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
     rows = [row for out, _ in outputs for row in parse_lines(out)]
