@@ -1,76 +1,87 @@
 """Manual-ack consumer: basic.qos prefetch, the handler, then settlement, in that order.
 
-For each delivery: decode (a bad body is a business error), de-duplicate by message_id and run
-the handler in one store transaction, commit, then decide (:mod:`amqp_lab.settlement`) and settle:
-basic.ack, basic.nack(requeue=True), or dead-letter. Dead-lettering publishes a DLQ record
-through the DLX with confirms + mandatory and acks the original only after the confirm (classic
-queue dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - in
-``reject`` mode - basic.reject(requeue=False) so the queue's policy DLX moves the message and the
-broker adds x-death.
+For each delivery: decode (a bad delivery is a business error, never the worker's end),
+de-duplicate by message_id and run the handler in one store transaction, commit, then decide
+(:mod:`amqp_lab.settlement`) and settle: basic.ack, basic.nack(requeue=True), a confirmed
+retry copy into a wait queue, or dead-letter. Dead-lettering publishes a DLQ record through
+the DLX with confirms + mandatory and acks the original only after the confirm (classic queue
+dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - in ``reject``
+mode - basic.reject(requeue=False) so the queue's policy DLX moves it and the broker adds
+x-death.
+
+The consumer's life is the state machine of :mod:`amqp_lab.lifecycle`: every way a consume
+ends is recoverable (reconnect or resubscribe with backoff, bounded by failed connections),
+fatal (raised) or finished (:meth:`Consumer.run` returns). docs/failure-model.md has the table.
 
 The handler runs in a worker thread while this thread keeps pumping the connection, so
 heartbeats flow during a long handler (pika #1104). A delivery tag is only ever settled on the
 channel that delivered it: if that channel died meanwhile the settlement is dropped (the broker
-redelivers; de-duplication keeps one effect) instead of killing the new channel with 406 unknown
-delivery tag (bunny #142, aio-pika #98).
+redelivers; de-duplication keeps one effect) instead of killing the new channel with 406
+unknown delivery tag (bunny #142, aio-pika #98).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pika.exceptions as pe
-from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_any,
+    stop_when_event_set,
+    wait_random_exponential,
+)
 
+from amqp_lab.backoff import full_jitter
 from amqp_lab.connection import close_quietly, connect, translate
 from amqp_lab.dedup import DedupStore
-from amqp_lab.dlq_record import build_record, record_message, utc_iso
+from amqp_lab.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.dlq_record import build_record, fallback_record, record_message, utc_iso
 from amqp_lab.errors import (
-    BrokerUnavailable,
-    ChannelError,
+    BrokerConnectionError,
     ConfigurationError,
     ConnectionLost,
+    ConsumerCancelled,
     DeadLetterFailed,
     DedupStoreError,
-    InvalidMessage,
+    ManagementError,
+    PoisonMessage,
+    QueueNotFound,
+    RetryTopologyError,
+    StoreUnavailable,
+    UnencodableMessage,
 )
-from amqp_lab.message import (
-    ATTEMPTS_HEADER,
-    DEFAULT_MAX_BODY_BYTES,
-    FIRST_SEEN_HEADER,
-    OutgoingMessage,
-    Task,
-    decode_body,
-    header_attempts,
-)
-from amqp_lab.retry import expiration_ms, retry_wait, wait_queue_name
+from amqp_lab.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.management import ManagementClient
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, OutgoingMessage, Task
+from amqp_lab.retry import retry_copy, retry_wait, wait_queue_name
+from amqp_lab.retry_topology import RetryExpectations, check_retry_topology
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import (
-    REQUEUE_ONCE,
-    Action,
-    Outcome,
-    RetryPolicy,
-    Settlement,
-    attempt_number,
-    classify,
-    decide,
-)
+from amqp_lab.settlement import REQUEUE_ONCE, Action, Outcome, RetryPolicy, Settlement, classify
+from amqp_lab.settlement import decide as decide_settlement
+
+__all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
 transaction that also records the message_id (with ``ack_batch`` > 1 and a store that has
 ``process_batch``, a :class:`~amqp_lab.dedup.SavepointConnection` over the batch's one
 transaction: use ``db.execute`` and friends, never commit). Raise BusinessError or
-TransientError (or any exception, treated as unknown/transient) to fail."""
+TransientError (or any exception, treated as unknown: retried like a transient one) to fail."""
 
 
 @dataclass(frozen=True)
@@ -79,17 +90,33 @@ class ConsumerConfig:
     :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
     deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
     ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death);
-    ``retry``: requeue once (default) or broker-held backoff through wait queues;
-    ``ack_batch``: deliveries handled in one store transaction and acked with one
-    basic.ack(multiple=True) after its commit; ``ack_interval``: seconds a partial batch may
-    wait, so a quiet queue still acks promptly. With batches, a prefetch of 3 * ack_batch keeps
-    deliveries flowing while one batch commits and the next is decoded (measured: +8% msg/s over
-    2 * ack_batch, 500 per batch)."""
+    ``retry``: requeue once (default) or broker-held backoff through wait queues of
+    ``retry_exchange``; ``ack_batch``: deliveries handled in one store transaction and acked with
+    one basic.ack(multiple=True) after its commit; ``ack_interval``: seconds a partial batch may
+    wait. With batches, a prefetch of 3 * ack_batch keeps deliveries flowing while one batch
+    commits and the next is decoded (measured: +8% msg/s over 2 * ack_batch).
+
+    The failure model's bounds, all in seconds or counts:
+
+    * ``reconnect_attempts``: connections in a row that settle nothing before giving up;
+    * ``queue_wait``: how long a queue missing at start is waited for (0: fail at once);
+      ``resubscribe_wait``: how long a queue that was deleted (basic.cancel) may take to come
+      back before the consumer gives up;
+    * ``max_redeliveries``: broker redeliveries of one message_id (counted in the store before
+      each handler run, so a crash cannot lose the count) before it is dead-lettered as poison
+      without running the handler;
+    * ``store_outage``: how long the dedup store may stay unavailable (deliveries retried,
+      nothing acked) before the consumer stops;
+    * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
+    * ``verify_topology``: check the effective policies retries depend on at every connection
+      (management API; backoff and reject modes).
+    """
 
     queue: str = "q:tasks"
     prefetch: int = 10
     dead_letter: Literal["publish", "reject"] = "publish"
     dlx: str = "tasks.dlx"
+    retry_exchange: str = "tasks.retry"
     idle_exit: float | None = None
     max_messages: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -97,6 +124,12 @@ class ConsumerConfig:
     retry: RetryPolicy = REQUEUE_ONCE
     ack_batch: int = 1
     ack_interval: float = 0.005
+    queue_wait: float = 0.0
+    resubscribe_wait: float = 30.0
+    max_redeliveries: int = 3
+    store_outage: float = 60.0
+    dead_letter_attempts: int = 3
+    verify_topology: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.ack_batch <= self.prefetch:
@@ -104,51 +137,23 @@ class ConsumerConfig:
                 f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
                 "broker sends no more than prefetch unacked deliveries"
             )
+        if self.max_redeliveries < 1 or self.reconnect_attempts < 1:
+            raise ConfigurationError("max_redeliveries and reconnect_attempts must be >= 1")
 
-
-@dataclass(frozen=True, slots=True)
-class DeliveryReport:
-    """One delivery's outcome: processed | duplicate | requeued | dead-lettered."""
-
-    message_id: str | None
-    outcome: str
-    attempts: int
-    redelivered: bool
-    error: str | None = None
-    wait: float | None = None  # seconds in the wait queue (backoff mode)
-
-    def line(self) -> str:
-        text = (
-            f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
-            f"redelivered={str(self.redelivered).lower()}"
+    def retry_expectations(self, vhost: str) -> RetryExpectations | None:
+        """What the live topology must provide for this config (None: nothing to check)."""
+        waits = (
+            tuple(wait_queue_name(self.queue, n) for n in range(1, self.retry.max_attempts))
+            if self.retry.mode == "backoff"
+            else ()
         )
-        if self.wait is not None:
-            text += f" wait={self.wait:.3f}"
-        return text + (f" error={self.error!r}" if self.error else "")
+        dlx = self.dlx if self.dead_letter == "reject" else None
+        if not waits and dlx is None:
+            return None
+        return RetryExpectations(vhost, self.queue, waits, self.retry_exchange, dlx)
 
 
-@dataclass(slots=True)
-class _Delivery:
-    """One delivery on its way through decode, handler and settlement."""
-
-    method: Any
-    properties: Any
-    body: bytes
-    now: float  # receipt time, seconds since the epoch
-    message_id: str | None
-    redelivered: bool
-    headers: dict[str, Any]
-    attempt: int = 1
-    task: Task | None = None
-    error: BaseException | None = None
-    duplicate: bool = False
-
-    def report(self, outcome: str, attempts: int, wait: float | None = None) -> DeliveryReport:
-        error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
-        return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
-
-
-_InFlight = tuple[list[_Delivery], "Future[None] | None"]
+_InFlight = tuple[list[Delivery], "Future[None] | None"]
 
 
 class _StaleDelivery(Exception):
@@ -156,7 +161,8 @@ class _StaleDelivery(Exception):
 
 
 class Consumer:
-    """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`."""
+    """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`; ``state`` is
+    its :class:`~amqp_lab.lifecycle.State`."""
 
     def __init__(
         self,
@@ -175,111 +181,205 @@ class Consumer:
         self.on_report = on_report or (lambda r: log.info(r.line()))
         self.clock = clock
         self.uniform = uniform
+        self.state = State.STOPPED
         self.handled = 0
-        self._in_flight = 0  # deliveries of the batch whose commit is under way
-        self._failures_in_a_row = 0
         self.connections_opened = 0
-        self._stopping = False
+        self.parked = 0
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+        self._in_flight = 0  # deliveries of the batch whose commit is under way
+        self._settled = False  # this connection settled a delivery
+        self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
+        self._consumed = False  # the queue existed once: missing later means deleted
+        self._verified = False
+        self._park_reason = ""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
         self._connection: Any = None
+        self._dl_channel: Any = None
 
-    def stop(self) -> None:
-        """Ask :meth:`run` to return after the current delivery (thread-safe)."""
-        self._stopping = True
+    def stop(self, reason: str = "stop requested") -> None:
+        """Drain and return (thread- and signal-safe): stop consuming (basic.cancel), let the
+        handlers in flight finish, commit, ack what was committed; deliveries prefetched but
+        not started go back to the queue."""
+        self.stop_reason = reason
+        self._stop.set()
 
     def run(self) -> int:
-        """Consume until done; return the number of deliveries handled. Reconnects after a lost
-        connection or a channel closed by the broker (e.g. consumer_timeout), with backoff;
-        raises BrokerConnectionError when ``reconnect_attempts`` attempts in a row fail (the
-        count restarts whenever a connection opens), DeadLetterFailed when a DLQ record cannot be
-        confirmed (the delivery stays unacked), DedupStoreError when the store fails."""
-        retrying = Retrying(
-            stop=lambda _: self._failures_in_a_row >= self.config.reconnect_attempts,
-            wait=wait_random_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception_type((ConnectionLost, BrokerUnavailable, _Recoverable)),
-            reraise=True,
-        )
+        """Consume until finished; return the number of deliveries handled.
+
+        Recoverable ends (see :func:`~amqp_lab.lifecycle.classify_end`) reconnect with capped
+        full-jitter backoff; after ``reconnect_attempts`` connections in a row that settled
+        nothing, BrokerConnectionError. Fatal ends raise: QueueNotFound, VhostAccessDenied,
+        AuthenticationFailed, AccessRefused, RetryTopologyError, DedupStoreError (the store
+        failed, or stayed unavailable past ``store_outage``), DeadLetterFailed (deliveries the
+        DLQ would not take were parked and are back in the queue)."""
+        budget = ReconnectBudget(self.config.reconnect_attempts)
         try:
-            for attempt in retrying:
-                with attempt:
-                    self._failures_in_a_row += 1
-                    self._consume_until_done()
-        except _Recoverable as e:
-            raise e.error from e
+            while not self._stop.is_set():
+                self.state = State.CONNECTING
+                self._settled = False
+                try:
+                    self._session()
+                    break
+                except Exception as e:
+                    if classify_end(e) is not End.RECOVERABLE:
+                        raise
+                    budget.connection_ended(self._settled)
+                    if budget.exhausted:
+                        raise BrokerConnectionError(
+                            f"gave up after {budget.failures} connections in a row that settled "
+                            f"nothing; last: {e}"
+                        ) from e
+                    wait = full_jitter(budget.failures, 0.2, 5.0, self.uniform)
+                    log.warning(
+                        "%s; reconnecting in %.1f s (%d/%d)", e, wait, budget.failures, budget.limit
+                    )
+                    self._stop.wait(wait)
+            if self.parked:
+                raise DeadLetterFailed(
+                    f"{self.parked} deliveries could not be dead-lettered and went back to "
+                    f"queue {self.config.queue!r}: {self._park_reason}"
+                )
+            return self.handled
         finally:
+            self.state = State.STOPPED
             self._executor.shutdown(wait=True)
             close_quietly(self._connection)
-        return self.handled
 
-    def _consume_until_done(self) -> None:
+    # --- one connection ---------------------------------------------------------------------
+    def _session(self) -> None:
         close_quietly(self._connection)
         self._connection = connection = connect(self.settings)
         self.connections_opened += 1
-        self._failures_in_a_row = 0  # a new outage starts counting from here
         self._in_flight = 0  # what was in flight on the old connection will be redelivered
+        self._multiple_ok = True
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
-            dl_channel = connection.channel()
-            dl_channel.confirm_delivery()
-            if self.config.retry.mode == "backoff":
-                self._check_wait_queues(connection)
-            last_activity = time.monotonic()
+            self._dl_channel = self._confirm_channel(connection)
+            self._await_queue(connection)
+            self._verify_topology()
             # a batch waits at most ack_interval for more deliveries
             tick = self.config.ack_interval if self.config.ack_batch > 1 else 0.25
             consuming = channel.consume(self.config.queue, inactivity_timeout=tick)
-        except Exception as e:  # e.g. 404 no queue: a ChannelError, not retried
+        except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
+        self.state = State.CONSUMING
+        self._consumed = True
         try:
-            pending: list[tuple[Any, Any, bytes]] = []
-            in_flight: _InFlight | None = None
-            batch_started = 0.0
-            batch_size = self._batch_size()
-            ack_interval = self.config.ack_interval
-            for method, properties, body in consuming:
-                now = time.monotonic()
-                if method is not None:
-                    if not pending:
-                        batch_started = now
-                        batch_size = self._batch_size()
-                    pending.append((method, properties, body))
-                    last_activity = now
-                    if len(pending) < batch_size and now - batch_started < ack_interval:
-                        continue  # the hot path: collecting a batch (stop() is seen at its end)
-                full = len(pending) >= batch_size
-                due = bool(pending) and (method is None or now - batch_started >= ack_interval)
-                if full or due:
-                    if self.config.ack_batch > 1:
-                        in_flight = self._advance(
-                            connection, channel, dl_channel, in_flight, pending
-                        )
-                    else:
-                        self._handle(connection, channel, dl_channel, pending)
-                    pending = []
-                elif method is None and in_flight is not None:
-                    self._finish(connection, channel, dl_channel, in_flight)
-                    in_flight = None
-                if self._done():
-                    break
-                idle = self.config.idle_exit
-                if method is None and idle is not None and now - last_activity >= idle:
-                    break
-            if in_flight is not None:
-                self._finish(connection, channel, dl_channel, in_flight)
-            channel.cancel()  # requeues deliveries prefetched but not handled
-        except DeadLetterFailed:
-            raise
-        except pe.ChannelClosedByBroker as e:
-            log.warning(
-                "channel closed by the broker (%s %s); resubscribing", e.reply_code, e.reply_text
-            )
-            raise _Recoverable(translate(e, self.settings)) from e
+            if not self._consume(connection, channel, consuming):
+                raise ConsumerCancelled(
+                    f"the broker cancelled the consumer of queue {self.config.queue!r} in vhost "
+                    f"{self.settings.vhost!r} (deleted, or its node went away)"
+                )
         except _StaleDelivery as e:
             raise ConnectionLost(str(e)) from e
         except (pe.AMQPError, OSError) as e:
-            error = translate(e, self.settings)
-            log.warning("consumer connection lost (%s); reconnecting", error)
-            raise error from e
+            raise translate(e, self.settings) from e
+
+    def _consume(self, connection: Any, channel: Any, consuming: Any) -> bool:
+        """The delivery loop; True when it ended on its own terms (stop, idle, max-messages),
+        False when the broker cancelled the consumer (the generator just ends)."""
+        pending: list[tuple[Any, Any, bytes]] = []
+        in_flight: _InFlight | None = None
+        last_activity = batch_started = time.monotonic()
+        batch_size = self._batch_size()
+        ack_interval = self.config.ack_interval
+        for method, properties, body in consuming:
+            now = time.monotonic()
+            if method is not None:
+                if not pending:
+                    batch_started = now
+                    batch_size = self._batch_size()
+                pending.append((method, properties, body))
+                last_activity = now
+                if len(pending) < batch_size and now - batch_started < ack_interval:
+                    continue  # the hot path: collecting a batch (stop() is seen at its end)
+            if self._stop.is_set():
+                break
+            full = len(pending) >= batch_size
+            due = bool(pending) and (method is None or now - batch_started >= ack_interval)
+            if full or due:
+                if self.config.ack_batch > 1:
+                    in_flight = self._advance(connection, channel, in_flight, pending)
+                else:
+                    self._handle(connection, channel, pending)
+                pending = []
+            elif method is None and in_flight is not None:
+                self._finish(connection, channel, in_flight)
+                in_flight = None
+            if self._done():
+                break
+            idle = self.config.idle_exit
+            if method is None and idle is not None and now - last_activity >= idle:
+                break
+        else:  # cancelled by the broker: what was delivered is still ours to settle
+            if in_flight is not None:
+                self._finish(connection, channel, in_flight)
+            if pending:
+                self._handle(connection, channel, pending)
+            return False
+        self.state = State.DRAINING
+        channel.cancel()  # basic.cancel; deliveries pika holds go back (basic.reject requeue)
+        if in_flight is not None:
+            self._finish(connection, channel, in_flight)
+        for method, _, _ in pending:  # collected, never started: back to the queue
+            channel.basic_reject(method.delivery_tag, requeue=True)
+        return True
+
+    def _await_queue(self, connection: Any) -> None:
+        """queue.declare(passive) until the queue exists; raises QueueNotFound after
+        ``queue_wait`` seconds at start, ``resubscribe_wait`` once it has been consumed from."""
+        q, vhost = self.config.queue, self.settings.vhost
+        bound = self.config.resubscribe_wait if self._consumed else self.config.queue_wait
+        deadline = time.monotonic() + bound
+        while True:
+            channel = connection.channel()
+            try:
+                channel.queue_declare(q, passive=True)
+            except pe.ChannelClosedByBroker as e:
+                if e.reply_code != 404:
+                    raise
+                if time.monotonic() >= deadline or self._stop.is_set():
+                    if self._consumed:
+                        message = (
+                            f"queue {q!r} in vhost {vhost!r} is gone (the broker cancelled the "
+                            f"consumer) and did not come back within {bound:g} s"
+                        )
+                    else:
+                        message = (
+                            f"queue {q!r} does not exist in vhost {vhost!r}: declare it "
+                            "(scripts/setup_topology.py applies topology/definitions.json), or "
+                            "wait for it (worker.py --wait-for-queue SECONDS)"
+                        )
+                    raise QueueNotFound(message, q, vhost) from e
+                connection.sleep(0.5)
+                continue
+            channel.close()
+            return
+
+    def _verify_topology(self) -> None:
+        """Refuse to consume when the live policies cannot bring a retry back (every
+        connection; after the first success a management API outage is only a warning)."""
+        expect = self.config.retry_expectations(self.settings.vhost)
+        if not self.config.verify_topology or expect is None:
+            return
+        try:
+            with ManagementClient(self.settings) as api:
+                found = check_retry_topology(api, expect)
+        except ManagementError as e:
+            if self._verified:
+                log.warning("cannot re-check the retry topology: %s", e)
+                return
+            raise RetryTopologyError(
+                f"cannot check the retry topology of vhost {self.settings.vhost!r} ({e}); "
+                "verify_topology=False (worker.py --no-verify-topology) runs without the check"
+            ) from e
+        if found:
+            raise RetryTopologyError(
+                f"refusing to consume {self.config.queue!r}: " + "; ".join(found)
+            )
+        self._verified = True
 
     def _batch_size(self) -> int:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""
@@ -290,109 +390,147 @@ class Consumer:
 
     def _done(self) -> bool:
         limit = self.config.max_messages
-        taken = self.handled + self._in_flight
-        return self._stopping or (limit is not None and taken >= limit)
+        return limit is not None and self.handled + self._in_flight >= limit
 
     # --- deliveries -------------------------------------------------------------------------
-    def _prepare(self, method: Any, properties: Any, body: bytes) -> _Delivery:
-        """Decode one delivery (pure but for the clock); a bad one carries its InvalidMessage."""
-        d = _Delivery(
-            method,
-            properties,
-            body,
-            self.clock(),
-            properties.message_id or None,
-            bool(method.redelivered),
-            dict(properties.headers or {}),
-        )
-        try:
-            attempts_before = header_attempts(d.headers)
-        except InvalidMessage as e:
-            attempts_before, d.error = 0, e
-        d.attempt = attempt_number(attempts_before, d.redelivered, self.config.retry)
-        if d.error is None:
-            try:
-                if d.message_id is None:
-                    raise InvalidMessage("missing message_id property")
-                d.task = Task(
-                    message_id=d.message_id,
-                    body=decode_body(body, properties.content_type, self.config.max_body_bytes),
-                    headers=d.headers,
-                    exchange=method.exchange,
-                    routing_key=method.routing_key,
-                    redelivered=d.redelivered,
-                    attempt=d.attempt,
-                )
-            except InvalidMessage as e:
-                d.error = e
-        return d
+    def _prepare(self, deliveries: list[tuple[Any, Any, bytes]]) -> list[Delivery]:
+        config, now = self.config, self.clock()
+        return [
+            prepare(m, p, b, now, config.retry, config.max_body_bytes) for m, p, b in deliveries
+        ]
 
-    def _submit(self, connection: Any, batch: list[_Delivery]) -> Future[None] | None:
-        """Start the handlers of ``batch`` in the worker thread - one store transaction for the
-        whole batch when the store supports it. None when no delivery decoded to a task."""
-        work = [d for d in batch if d.task is not None]
-        if not work:
+    def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:
+        """Start the store work of ``batch`` in the worker thread; None when there is none."""
+        if not any(d.task is not None or d.message_id is not None for d in batch):
             return None
-        future = self._executor.submit(self._process, work)
-        # wake process_data_events as soon as the handlers are done
-        future.add_done_callback(lambda _: connection.add_callback_threadsafe(lambda: None))
+        future = self._executor.submit(self._process, batch)
+
+        def wake(_: Future[None]) -> None:  # wake process_data_events when the work is done
+            # the connection may already be closed: nobody waits for the wake-up then, and an
+            # exception here would be logged with a traceback by concurrent.futures
+            with contextlib.suppress(Exception):
+                connection.add_callback_threadsafe(lambda: None)
+
+        future.add_done_callback(wake)
         return future
 
-    def _process(self, work: list[_Delivery]) -> None:
-        """Worker thread: claim + handler per delivery, committed before any ack."""
-        if self.config.ack_batch > 1 and hasattr(self.store, "process_batch"):
+    def _process(self, batch: list[Delivery]) -> None:
+        """Worker thread: every store call and handler run of a batch, committed before any
+        ack. A redelivered delivery runs alone, after its redelivery is counted and committed:
+        a handler that kills the process is counted against its own message only."""
+        limit = self.config.max_redeliveries
+        fresh: list[Delivery] = []
+        for d in batch:
+            if d.task is None:
+                continue
+            if not d.redelivered:
+                fresh.append(d)
+                continue
+            count = self._store_call(
+                functools.partial(self.store.note_redelivery, d.task.message_id, d.now)
+            )
+            if count > limit:
+                d.error = PoisonMessage(
+                    f"delivered {count + 1} times without being settled (max_redeliveries "
+                    f"{limit}): its handler may be killing the worker; not run again"
+                )
+            else:
+                self._run([d])
+        if fresh:
+            self._run(fresh)
+        for d in batch:
+            if (
+                d.error is not None
+                and d.message_id is not None
+                and not isinstance(d.headers.get(FIRST_SEEN_HEADER), str)
+            ):
+                d.first_seen_at = self._store_call(
+                    functools.partial(self.store.first_seen, d.message_id, d.now)
+                )
+
+    def _run(self, work: list[Delivery]) -> None:
+        """Claim + handler for each delivery, in one transaction when batching."""
+        batched = self.config.ack_batch > 1 and len(work) > 1
+        process_batch = getattr(self.store, "process_batch", None)
+        if batched and process_batch is not None:
             pairs = [
-                (d.message_id, functools.partial(self.handler, d.task))
+                (d.task.message_id, functools.partial(self.handler, d.task))
                 for d in work
                 if d.task is not None
             ]
-            for d, result in zip(work, self.store.process_batch(pairs), strict=True):
+            results: list[bool | BaseException] = self._store_call(
+                functools.partial(process_batch, pairs)
+            )
+            for d, result in zip(work, results, strict=True):
                 d.duplicate = result is False
                 d.error = result if isinstance(result, BaseException) else None
             return
         for d in work:
             assert d.task is not None and d.message_id is not None
+            work_fn = functools.partial(self.handler, d.task)
             try:
-                d.duplicate = not self.store.process_once(
-                    d.message_id, functools.partial(self.handler, d.task)
+                d.duplicate = not self._store_call(
+                    functools.partial(self.store.process_once, d.message_id, work_fn)
                 )
             except DedupStoreError:
                 raise  # the store failed, not the handler: stop, nothing is acked
             except Exception as e:  # the handler's error decides the settlement
                 d.error = e
 
+    def _store_call(self, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff while the store is unavailable, for up to
+        ``store_outage`` seconds (or until a stop is asked for); then DedupStoreError."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(StoreUnavailable),
+            stop=stop_any(
+                stop_after_delay(self.config.store_outage), stop_when_event_set(self._stop)
+            ),
+            wait=wait_random_exponential(multiplier=0.2, max=5),
+            sleep=self._pause,
+            before_sleep=lambda s: log.warning(
+                "dedup store unavailable (%s); retrying", s.outcome and s.outcome.exception()
+            ),
+            reraise=True,
+        )
+        try:
+            return retrying(call)
+        except StoreUnavailable as e:
+            raise DedupStoreError(
+                f"the dedup store stayed unavailable ({e}); nothing was acked, the deliveries "
+                "will be redelivered"
+            ) from e
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
     def _handle(
-        self,
-        connection: Any,
-        channel: Any,
-        dl_channel: Any,
-        deliveries: list[tuple[Any, Any, bytes]],
+        self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
     ) -> None:
         """Handle deliveries now: prepare, run the handlers, settle."""
-        batch = [self._prepare(m, p, b) for m, p, b in deliveries]
+        batch = self._prepare(deliveries)
         self._in_flight += len(batch)
-        self._finish(connection, channel, dl_channel, (batch, self._submit(connection, batch)))
+        self._finish(connection, channel, (batch, self._submit(connection, batch)))
 
     def _advance(
         self,
         connection: Any,
         channel: Any,
-        dl_channel: Any,
         previous: _InFlight | None,
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> _InFlight:
         """Batch mode, pipelined: decode the next batch while the worker thread commits the
         previous one, then settle the previous one and start the next. Acks stay in order and
         each follows its own batch's commit."""
-        batch = [self._prepare(m, p, b) for m, p, b in deliveries]
+        batch = self._prepare(deliveries)
         self._in_flight += len(batch)
         if previous is not None:
-            self._finish(connection, channel, dl_channel, previous)
+            self._finish(connection, channel, previous)
         return batch, self._submit(connection, batch)
 
-    def _finish(self, connection: Any, channel: Any, dl_channel: Any, in_flight: _InFlight) -> None:
+    def _finish(self, connection: Any, channel: Any, in_flight: _InFlight) -> None:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
-        first), then ack the successes - with one basic.ack(multiple=True) for a batch."""
+        first), then ack the successes - with one basic.ack(multiple=True) for a batch, unless
+        a parked delivery sits on the channel."""
         batch, future = in_flight
         try:
             if future is not None:
@@ -400,74 +538,126 @@ class Consumer:
         finally:
             self._in_flight -= len(batch)
         reports: list[DeliveryReport] = []
-        last_ok: _Delivery | None = None
+        successes: list[Delivery] = []
         for d in batch:
-            settlement = decide(classify(d.error), d.attempt, d.redelivered, self.config.retry)
+            settlement = decide_settlement(
+                classify(d.error), d.attempt, d.redelivered, self.config.retry
+            )
             self.handled += 1
             if settlement.action is Action.ACK:
-                last_ok = d
-                outcome = "duplicate" if d.duplicate else "processed"
-                reports.append(d.report(outcome, settlement.attempts))
+                successes.append(d)
+                reports.append(
+                    d.report("duplicate" if d.duplicate else "processed", settlement.attempts)
+                )
                 continue
-            reports.append(self._settle_failure(channel, dl_channel, d, settlement))
-        if last_ok is not None:
-            tag = last_ok.method.delivery_tag
-            # every delivery up to `tag` is either a success or already settled above
-            self._settle(
-                channel, lambda: channel.basic_ack(tag, multiple=len(batch) > 1), last_ok.message_id
-            )
+            reports.append(self._settle_failure(connection, channel, d, settlement))
+        if successes:
+            if len(batch) > 1 and self._multiple_ok:
+                # every delivery up to the last success is a success or already settled above
+                last = successes[-1]
+                self._settle(
+                    channel, lambda: channel.basic_ack(last.delivery_tag, multiple=True), last
+                )
+            else:
+                for d in successes:
+                    self._settle(channel, functools.partial(channel.basic_ack, d.delivery_tag), d)
         for report in reports:
             self.on_report(report)
 
     def _settle_failure(
-        self, channel: Any, dl_channel: Any, d: _Delivery, settlement: Settlement
+        self, connection: Any, channel: Any, d: Delivery, settlement: Settlement
     ) -> DeliveryReport:
-        tag = d.method.delivery_tag
-        assert d.error is not None
-        first_seen_at = d.headers.get(FIRST_SEEN_HEADER)
-        if not isinstance(first_seen_at, str):
-            # recorded at the first failure, with that delivery's receipt time, so it survives
-            # redeliveries (a nack cannot add headers); successes never pay for this write
-            seen = d.now if d.message_id is None else self.store.first_seen(d.message_id, d.now)
-            first_seen_at = utc_iso(seen)
+        tag = d.delivery_tag
+        first_seen = d.headers.get(FIRST_SEEN_HEADER)
+        first_seen_at = (
+            first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
+        )
         if settlement.action is Action.REQUEUE:
-            self._settle(channel, lambda: channel.basic_nack(tag, requeue=True), d.message_id)
+            self._settle(channel, lambda: channel.basic_nack(tag, requeue=True), d)
             return d.report("requeued", settlement.attempts)
         if settlement.action is Action.RETRY_LATER:
+            assert d.message_id is not None
             wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
-            self._publish_confirmed(
-                channel,
-                dl_channel,
-                self._retry_message(d, settlement.attempts, first_seen_at, wait),
-                f"retry copy of message_id={d.message_id}",
+            copy = retry_copy(
+                body=d.body,
+                message_id=d.message_id,
+                properties=d.properties_dict(),
+                headers=d.headers,
+                exchange=d.method.exchange,
+                routing_key=d.method.routing_key,
+                queue=self.config.queue,
+                attempts=settlement.attempts,
+                first_seen_at=first_seen_at,
+                wait=wait,
             )
-            self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
-            return d.report("requeued", settlement.attempts, wait)
+            try:
+                self._write(connection, channel, copy, f"retry copy of message_id={d.message_id}")
+            except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
+                d.notes.append(str(e))
+            else:
+                self._settle(channel, lambda: channel.basic_ack(tag), d)
+                return d.report("requeued", settlement.attempts, wait)
         if self.config.dead_letter == "reject":
-            self._settle(channel, lambda: channel.basic_reject(tag, requeue=False), d.message_id)
-        else:
+            self._settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
+            return d.report("dead-lettered", settlement.attempts)
+        message = self._record_message(d, settlement, first_seen_at)
+        try:
+            self._write(connection, channel, message, f"DLQ record for message_id={d.message_id}")
+        except DeadLetterFailed as e:
+            self._park(d, e)
+            return d.report("parked", settlement.attempts)
+        self._settle(channel, lambda: channel.basic_ack(tag), d)
+        return d.report("dead-lettered", settlement.attempts)
+
+    def _record_message(
+        self, d: Delivery, settlement: Settlement, first_seen_at: str
+    ) -> OutgoingMessage:
+        """The DLQ record's message; if building it fails (never expected), a fallback record
+        with the exact body, so the delivery still reaches the DLQ."""
+        assert d.error is not None
+        try:
             record = build_record(
                 body=d.body,
                 message_id=d.message_id,
                 exchange=d.method.exchange,
                 routing_key=d.method.routing_key,
                 queue=self.config.queue,
-                content_type=d.properties.content_type,
+                properties=d.properties_dict(),
                 headers=d.headers,
                 error=d.error,
-                classification=_record_class(settlement.classification),
+                classification=_RECORD_CLASS[settlement.classification],
                 attempts=settlement.attempts,
                 first_seen_at=first_seen_at,
                 failed_at=self.clock(),
+                undecodable_headers=getattr(d.properties, "undecodable_headers", None),
             )
-            self._publish_confirmed(
-                channel,
-                dl_channel,
-                record_message(record, self.config.dlx, d.method.routing_key),
-                f"DLQ record for message_id={d.message_id}",
+            if d.notes:
+                record["retry_error"] = "; ".join(d.notes)
+            return record_message(record, self.config.dlx, d.method.routing_key)
+        except Exception as e:
+            log.warning("DLQ record for message_id=%s could not be built: %r", d.message_id, e)
+            record = fallback_record(
+                body=d.body,
+                message_id=d.message_id,
+                queue=self.config.queue,
+                error=d.error,
+                problem=f"{type(e).__name__}: {e}",
             )
-            self._settle(channel, lambda: channel.basic_ack(tag), d.message_id)
-        return d.report("dead-lettered", settlement.attempts)
+            return record_message(record, self.config.dlx, str(d.method.routing_key))
+
+    def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
+        """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and
+        it returns to the queue when this consumer stops. A channel full of parked deliveries
+        can make no progress: stop then."""
+        self.parked += 1
+        self._multiple_ok = False
+        self._park_reason = str(error)
+        log.warning("message_id=%s parked (left unacked): %s", d.message_id, error)
+        if self.parked >= self.config.prefetch:
+            raise DeadLetterFailed(
+                f"{self.parked} deliveries parked, as many as the prefetch: the DLQ takes "
+                f"nothing ({error})"
+            )
 
     def _wait(self, connection: Any, future: Future[None]) -> None:
         """Wait for the handlers while pumping I/O so heartbeats keep flowing."""
@@ -485,78 +675,67 @@ class Consumer:
             raise _StaleDelivery(f"connection lost while the handler ran: {pump_error}")
         future.result()
 
-    def _settle(self, channel: Any, settle: Callable[[], None], message_id: str | None) -> None:
+    def _settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
         """Settle on the delivering channel only; drop the settlement if it has closed."""
         if not channel.is_open:
             raise _StaleDelivery(
-                f"message_id={message_id}: channel closed before settlement; "
+                f"message_id={d.message_id}: channel closed before settlement; "
                 "the broker will redeliver it"
             )
         settle()
+        self._settled = True
 
-    def _check_wait_queues(self, connection: Any) -> None:
-        """Backoff mode needs wait queues 1..max_attempts-1 (topology data); fail fast if not."""
-        for n in range(1, self.config.retry.max_attempts):
-            name = wait_queue_name(self.config.queue, n)
-            channel = connection.channel()
+    def _confirm_channel(self, connection: Any) -> Any:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        return channel
+
+    def _write(self, connection: Any, channel: Any, message: OutgoingMessage, what: str) -> None:
+        """Publish a retry copy or DLQ record with confirms + mandatory before the original is
+        acked; up to ``dead_letter_attempts`` tries (a nack, a return, a closed channel), with
+        backoff while the connection keeps pumping. Raises DeadLetterFailed when it was not
+        confirmed, AccessRefused on a 403 (permissions revoked mid-run). Nothing is written if
+        the delivering channel already closed (its delivery will come back, and writing now
+        would make a second copy)."""
+        try:
+            properties = message.sealed_properties()
+        except UnencodableMessage as e:
+            raise DeadLetterFailed(f"{what} cannot be encoded: {e}") from e
+        problem = ""
+        attempts = self.config.dead_letter_attempts
+        for attempt in range(1, attempts + 1):
+            if not channel.is_open:
+                raise _StaleDelivery(f"{what}: channel closed before settlement; not written")
             try:
-                channel.queue_declare(name, passive=True)
-                channel.close()
+                if self._dl_channel is None or not self._dl_channel.is_open:
+                    self._dl_channel = self._confirm_channel(connection)
+                self._dl_channel.basic_publish(
+                    message.exchange, message.routing_key, message.body, properties, mandatory=True
+                )
+                return
+            except pe.UnroutableError:
+                problem = "returned unroutable"
+            except pe.NackError:
+                problem = "nacked by the broker"
             except pe.ChannelClosedByBroker as e:
-                raise ConfigurationError(
-                    f"wait queue {name!r} does not exist: run scripts/setup_topology.py, or "
-                    "lower --max-attempts"
-                ) from e
-
-    def _retry_message(
-        self, d: _Delivery, attempts: int, first_seen_at: str, wait: float
-    ) -> OutgoingMessage:
-        """The copy for wait queue ``attempts``: that attempts header, first_seen_at, and a
-        per-message TTL of ``wait`` seconds; broker x-* headers dropped."""
-        headers = {k: v for k, v in d.headers.items() if not k.startswith("x-")}
-        headers.update({ATTEMPTS_HEADER: attempts, FIRST_SEEN_HEADER: first_seen_at})
-        return OutgoingMessage(
-            body=d.body,
-            message_id=d.message_id or "",
-            exchange="",
-            routing_key=wait_queue_name(self.config.queue, attempts),
-            content_type=d.properties.content_type,
-            headers=headers,
-            expiration=expiration_ms(wait),
+                self._dl_channel = None
+                if e.reply_code == 403:  # permissions revoked mid-run: fatal, not this message
+                    raise translate(e, self.settings) from e
+                problem = f"channel closed: {e.reply_code} {e.reply_text}"
+            if attempt < attempts:
+                connection.sleep(full_jitter(attempt, 0.1, 2.0, self.uniform))
+        raise DeadLetterFailed(
+            f"{what} to exchange {message.exchange!r} routing key {message.routing_key!r} was "
+            f"not confirmed after {attempts} tries ({problem}); the original stays unacked"
         )
 
-    def _publish_confirmed(
-        self, channel: Any, dl_channel: Any, message: OutgoingMessage, what: str
-    ) -> None:
-        """Publish a retry copy or DLQ record with confirms + mandatory before the original is
-        acked. Nothing is written if the delivering channel already closed (its delivery will
-        come back, and writing now would make a second copy)."""
-        if not channel.is_open:
-            raise _StaleDelivery(f"{what}: channel closed before settlement; not written")
-        try:
-            dl_channel.basic_publish(
-                message.exchange,
-                message.routing_key,
-                message.body,
-                message.properties(),
-                mandatory=True,
-            )
-        except (pe.UnroutableError, pe.NackError, pe.ChannelClosedByBroker) as e:
-            raise DeadLetterFailed(
-                f"{what} to exchange {message.exchange!r} routing key {message.routing_key!r} "
-                f"was not confirmed ({type(e).__name__}); the original stays unacked"
-            ) from e
 
-
-class _Recoverable(Exception):
-    """A channel closed by the broker mid-consume (e.g. consumer_timeout): resubscribe."""
-
-    def __init__(self, error: ChannelError | Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _record_class(outcome: Outcome) -> str:
-    """DLQ records say ``business`` or ``transient``; unknown exceptions were retried as
-    transient ones (their error type tells a bug from an outage)."""
-    return "business" if outcome is Outcome.BUSINESS else "transient"
+_RECORD_CLASS = {
+    Outcome.BUSINESS: "business",
+    Outcome.TRANSIENT: "transient",
+    Outcome.UNKNOWN: "unknown",
+    Outcome.POISON: "poison",
+    Outcome.SUCCESS: "success",
+}
+"""The DLQ record's classification: ``unknown`` for an exception that is neither a business
+nor a transient error - retried like a transient one, but a bug, not an outage."""

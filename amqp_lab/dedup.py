@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
-from amqp_lab.errors import ConfigurationError, DedupStoreError
+from amqp_lab.errors import ConfigurationError, DedupStoreError, StoreUnavailable
 from amqp_lab.settings import mask_url
 
 T = TypeVar("T")
@@ -43,9 +43,22 @@ CREATE TABLE IF NOT EXISTS first_seen (
     message_id    TEXT PRIMARY KEY,
     first_seen_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS redeliveries (
+    message_id  TEXT PRIMARY KEY,
+    count       INTEGER NOT NULL,
+    last_at     REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at);
 CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at);
+CREATE INDEX IF NOT EXISTS redeliveries_last_at_idx ON redeliveries(last_at);
 """
+NOTE_REDELIVERY = (
+    "INSERT INTO redeliveries(message_id, count, last_at) VALUES ({p}, 1, {p}) "
+    "ON CONFLICT(message_id) DO UPDATE SET count = redeliveries.count + 1, "
+    "last_at = excluded.last_at RETURNING count"
+)
+"""Both stores count a broker redelivery in its own committed transaction, before the handler
+runs, so a handler that kills the process cannot lose the count."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,11 @@ class DedupStore(Protocol):
         the first time."""
         ...
 
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        """Count one more broker redelivery of ``message_id`` (committed before this returns)
+        and return how many there have been. ``now`` in epoch seconds."""
+        ...
+
     def is_processed(self, message_id: str) -> bool: ...
 
     def close(self) -> None: ...
@@ -105,7 +123,8 @@ class ManagedDedupStore(DedupStore, Protocol):
         ...
 
     def purge(self, older_than: float) -> Purged:
-        """Delete claims and first_seen entries recorded before ``older_than`` (epoch seconds)."""
+        """Delete claims, first_seen entries and redelivery counts recorded before
+        ``older_than`` (epoch seconds)."""
         ...
 
     def stats(self) -> StoreStats:
@@ -235,11 +254,15 @@ def open_store(
 
 class SqliteDedupStore:
     """SQLite store (WAL mode) at ``path``; safe to share between threads of one process and
-    between processes on one host (not over a network file system)."""
+    between processes on one host (not over a network file system). A transaction that waits
+    longer than ``busy_timeout`` seconds for the write lock raises StoreUnavailable (the
+    consumer retries it with backoff)."""
 
     placeholder = "?"
 
-    def __init__(self, path: Path | str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, path: Path | str, clock: Callable[[], float] = time.time, busy_timeout: float = 30
+    ) -> None:
         """Open (create) the SQLite file at ``path``; ``clock`` gives claim times in epoch
         seconds. Raises DedupStoreError when it cannot be opened."""
         self.path = Path(path)
@@ -247,22 +270,22 @@ class SqliteDedupStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
-                self.path, timeout=30, isolation_level=None, check_same_thread=False
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as e:
-            raise DedupStoreError(f"cannot open dedup store {self.path}: {e}") from e
+            raise self._error("cannot open dedup store", e) from e
         self._lock = threading.Lock()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")  # waits up to 30 s for the write lock
+                self._db.execute("BEGIN IMMEDIATE")  # waits up to busy_timeout for the lock
             except sqlite3.Error as e:
-                raise DedupStoreError(f"cannot begin a transaction in {self.path}: {e}") from e
+                raise self._error("cannot begin a transaction in", e) from e
             try:
                 yield self._db
             except BaseException:
@@ -273,8 +296,19 @@ class SqliteDedupStore:
                 try:
                     self._db.execute("COMMIT")
                 except sqlite3.Error as e:
-                    self._db.execute("ROLLBACK")
-                    raise DedupStoreError(f"commit failed in {self.path}: {e}") from e
+                    with suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                    raise self._error("commit failed in", e) from e
+
+    def _error(self, what: str, e: Exception) -> DedupStoreError:
+        """StoreUnavailable when the database is locked or busy past the timeout (another
+        process holds the write lock): retrying can help. DedupStoreError otherwise."""
+        text = f"{what} {self.path}: {e}"
+        if isinstance(e, sqlite3.OperationalError) and any(
+            word in str(e) for word in ("locked", "busy")
+        ):
+            return StoreUnavailable(text)
+        return DedupStoreError(text)
 
     def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
         """See :class:`DedupStore`. Commits (fsync, synchronous=FULL) before returning True."""
@@ -286,7 +320,7 @@ class SqliteDedupStore:
                     (message_id, self._clock()),
                 )
             except sqlite3.Error as e:
-                raise DedupStoreError(f"claim of {message_id!r} failed in {self.path}: {e}") from e
+                raise self._error(f"claim of {message_id!r} failed in", e) from e
             if cursor.rowcount == 0:
                 return False
             work(db)
@@ -341,7 +375,7 @@ class SqliteDedupStore:
                     [value for message_id in chunk for value in (message_id, now)],
                 )
         except sqlite3.Error as e:
-            raise DedupStoreError(f"claims failed in {self.path}: {e}") from e
+            raise self._error("claims failed in", e) from e
 
     def _check_open(self, db: sqlite3.Connection, message_id: str) -> None:
         if not db.in_transaction:
@@ -364,7 +398,7 @@ class SqliteDedupStore:
                 )
                 held.update(row[0] for row in rows)
         except sqlite3.Error as e:
-            raise DedupStoreError(f"claim lookup failed in {self.path}: {e}") from e
+            raise self._error("claim lookup failed in", e) from e
         return held
 
     def first_seen(self, message_id: str, now: float) -> float:
@@ -380,8 +414,17 @@ class SqliteDedupStore:
                     "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
                 ).fetchone()
         except sqlite3.Error as e:
-            raise DedupStoreError(f"first_seen of {message_id!r} failed in {self.path}: {e}") from e
+            raise self._error(f"first_seen of {message_id!r} failed in", e) from e
         return float(row[0])
+
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        """See :class:`DedupStore`. Raises DedupStoreError (StoreUnavailable when locked)."""
+        try:
+            with self._transaction() as db:
+                (count,) = db.execute(NOTE_REDELIVERY.format(p="?"), (message_id, now)).fetchone()
+        except sqlite3.Error as e:
+            raise self._error(f"redelivery count of {message_id!r} failed in", e) from e
+        return int(count)
 
     def is_processed(self, message_id: str) -> bool:
         """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
@@ -391,7 +434,7 @@ class SqliteDedupStore:
                     "SELECT 1 FROM processed WHERE message_id = ?", (message_id,)
                 ).fetchone()
         except sqlite3.Error as e:
-            raise DedupStoreError(f"cannot read {self.path}: {e}") from e
+            raise self._error("cannot read", e) from e
         return row is not None
 
     @property
@@ -409,8 +452,9 @@ class SqliteDedupStore:
                 seen = db.execute(
                     "DELETE FROM first_seen WHERE first_seen_at < ?", (older_than,)
                 ).rowcount
+                db.execute("DELETE FROM redeliveries WHERE last_at < ?", (older_than,))
         except sqlite3.Error as e:
-            raise DedupStoreError(f"purge failed in {self.path}: {e}") from e
+            raise self._error("purge failed in", e) from e
         return Purged(processed, seen)
 
     def stats(self) -> StoreStats:
@@ -421,7 +465,7 @@ class SqliteDedupStore:
                     "SELECT count(*), min(processed_at) FROM processed"
                 ).fetchone()
         except sqlite3.Error as e:
-            raise DedupStoreError(f"cannot read {self.path}: {e}") from e
+            raise self._error("cannot read", e) from e
         return StoreStats(int(count), None if oldest is None else float(oldest))
 
     def run_in_transaction(self, work: Callable[[Any], T]) -> T:

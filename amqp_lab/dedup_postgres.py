@@ -24,8 +24,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
-from amqp_lab.dedup import Purged, StoreStats, run_in_savepoint
-from amqp_lab.errors import DedupStoreError, TransientError
+from amqp_lab.dedup import NOTE_REDELIVERY, Purged, StoreStats, run_in_savepoint
+from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
 T = TypeVar("T")
@@ -36,8 +36,11 @@ _SCHEMA = (
     " message_id TEXT PRIMARY KEY, processed_at DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS first_seen ("
     " message_id TEXT PRIMARY KEY, first_seen_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS redeliveries ("
+    " message_id TEXT PRIMARY KEY, count INTEGER NOT NULL, last_at DOUBLE PRECISION NOT NULL)",
     "CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at)",
     "CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at)",
+    "CREATE INDEX IF NOT EXISTS redeliveries_last_at_idx ON redeliveries(last_at)",
 )
 
 
@@ -58,7 +61,13 @@ class PostgresDedupStore:
     """A store in the PostgreSQL database named by ``url`` (``postgresql://user@host/db``).
     One connection, shared by the threads of one process under a lock; reopened on the next
     call after it broke. ``connect_timeout`` is in seconds; ``clock`` gives claim times in epoch
-    seconds. Raises DedupStoreError (password masked) when the database cannot be reached."""
+    seconds. Raises DedupStoreError (password masked) when the database cannot be reached.
+
+    A lost connection - the server restarted, the session terminated
+    (``pg_terminate_backend``), the network cut - raises StoreUnavailable from whatever call
+    noticed it, the handler's own statements included: the transaction is gone, nothing of it
+    was committed (or, for a COMMIT whose answer was lost, the claims tell on the retry), and
+    the consumer retries the delivery with backoff."""
 
     placeholder = "%s"
 
@@ -88,8 +97,15 @@ class PostgresDedupStore:
         return mask_secrets(self._url, self._password)
 
     def _error(self, what: str, e: BaseException) -> DedupStoreError:
+        """StoreUnavailable for a connection-level failure (OperationalError, or the connection
+        is broken or closed), else DedupStoreError; the password is masked."""
         detail = mask_secrets(" ".join(str(e).split()), self._password)
-        return DedupStoreError(f"cannot {what} dedup store {self.location}: {detail}")
+        lost = isinstance(e, psycopg.OperationalError) or self._lost()
+        kind = StoreUnavailable if lost else DedupStoreError
+        return kind(f"cannot {what} dedup store {self.location}: {detail}")
+
+    def _lost(self) -> bool:
+        return self._db is not None and (self._db.broken or self._db.closed)
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._db is None or self._db.closed or self._db.broken:
@@ -113,10 +129,13 @@ class PostgresDedupStore:
             db = self._connection()
             try:
                 yield db
-            except BaseException:
+            except BaseException as e:
                 # On a broken connection the server rolls back when the session ends.
                 with suppress(psycopg.Error):
                     db.rollback()
+                if self._lost() and not isinstance(e, StoreUnavailable):
+                    # the handler's statement, or a savepoint, hit the lost connection
+                    raise self._error(what, e) from e
                 raise
             if db.info.transaction_status == TransactionStatus.INERROR:
                 # COMMIT would silently become ROLLBACK: say so instead of reporting success
@@ -240,6 +259,17 @@ class PostgresDedupStore:
         assert row is not None
         return float(row[0])
 
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        """Count one more broker redelivery of ``message_id`` (committed before this returns);
+        return the count. Raises DedupStoreError (StoreUnavailable when the database is lost)."""
+        try:
+            with self._transaction("count a redelivery in") as db:
+                row = db.execute(NOTE_REDELIVERY.format(p="%s"), (message_id, now)).fetchone()
+        except psycopg.Error as e:
+            raise self._error("count a redelivery in", e) from e
+        assert row is not None
+        return int(row[0])
+
     def is_processed(self, message_id: str) -> bool:
         """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
         try:
@@ -262,6 +292,7 @@ class PostgresDedupStore:
                 seen = db.execute(
                     "DELETE FROM first_seen WHERE first_seen_at < %s", (older_than,)
                 ).rowcount
+                db.execute("DELETE FROM redeliveries WHERE last_at < %s", (older_than,))
         except psycopg.Error as e:
             raise self._error("purge", e) from e
         return Purged(processed, seen)

@@ -50,7 +50,7 @@ def _holding(
                 method, properties, body = channel.basic_get(queue, auto_ack=False)
                 if method is None:
                     break
-                entry = view_of(body, properties.message_id, properties.type, properties.headers)
+                entry = view_of(body, properties)
                 held.append(_Held(method.delivery_tag, entry))
                 if on_progress is not None and len(held) % PROGRESS_EVERY == 0:
                     on_progress(len(held))

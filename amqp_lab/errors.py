@@ -66,6 +66,21 @@ class AccessRefused(ChannelError):
     """403 ACCESS_REFUSED: the user lacks configure/write/read permission for the resource."""
 
 
+class QueueNotFound(NotFound):
+    """The queue a consumer needs does not exist: missing at start, or deleted (the broker sent
+    basic.cancel) and not back within the consumer's bound. ``queue`` and ``vhost`` name it."""
+
+    def __init__(self, message: str, queue: str, vhost: str) -> None:
+        super().__init__(message, 404)
+        self.queue = queue
+        self.vhost = vhost
+
+
+class ConsumerCancelled(BrokerConnectionError):
+    """The broker cancelled the consumer (basic.cancel): its queue was deleted, or the queue's
+    node went away. The consumer resubscribes if the queue comes back within its bound."""
+
+
 # --- publishing -----------------------------------------------------------------------------------
 class PublishError(AmqpLabError):
     """A message was not confirmed by the broker. It must be treated as not published."""
@@ -88,6 +103,13 @@ class PublishFailed(PublishError):
     """Retries ran out with the connection still failing; the message was not confirmed."""
 
 
+class UnencodableMessage(PublishError):
+    """The message cannot be sent as it is: a property out of range (expiration not a string of
+    0..315360000000 milliseconds, priority outside 0..255, a short string over 255 bytes) or a
+    header value of a type AMQP cannot carry. Found before sending, so it fails alone and never
+    closes the channel under the messages around it."""
+
+
 # --- management HTTP API --------------------------------------------------------------------------
 class ManagementError(AmqpLabError):
     """The management HTTP API answered with an error status or could not be reached."""
@@ -102,6 +124,14 @@ class TopologyError(AmqpLabError):
     """The topology data is invalid or could not be applied."""
 
 
+class RetryTopologyError(TopologyError):
+    """The live vhost cannot bring a message back the way the consumer's retry policy needs: a
+    wait queue without the dead-letter exchange back to the work queue, a queue that expires,
+    a missing binding - typically because an operator policy or a higher-priority policy
+    replaced ours. The consumer refuses to start rather than confirm a retry copy into a queue
+    it cannot come back from."""
+
+
 # --- consumer / DLQ -------------------------------------------------------------------------------
 class DeadLetterFailed(AmqpLabError):
     """A DLQ record could not be published with a confirm; the original delivery was not acked."""
@@ -109,6 +139,12 @@ class DeadLetterFailed(AmqpLabError):
 
 class DedupStoreError(AmqpLabError):
     """The de-duplication store failed (cannot open, cannot commit)."""
+
+
+class StoreUnavailable(DedupStoreError):
+    """The store cannot be reached right now: its connection was lost (PostgreSQL restarted, the
+    session terminated) or SQLite stayed locked past its timeout. Nothing was committed; the
+    consumer retries with backoff, and only an outage longer than its bound ends the worker."""
 
 
 # --- handler-side classification ------------------------------------------------------------------
@@ -128,3 +164,9 @@ class TransientError(HandlerError):
 
 class InvalidMessage(BusinessError):
     """The delivery could not be decoded into a task (not JSON, wrong shape, no message_id...)."""
+
+
+class PoisonMessage(BusinessError):
+    """The broker redelivered the message more often than the consumer allows without it ever
+    being settled: its handler probably kills the worker (a segfault, the OOM killer,
+    ``os._exit``). Dead-lettered without running the handler again."""

@@ -3,7 +3,9 @@
 * ``ok``: succeeds;
 * ``flaky``: a transient error on its first delivery, success after;
 * ``bad``: a plain exception every time, like a buggy task;
-* ``invalid``: a business error (schema violation).
+* ``invalid``: a business error (schema violation);
+* ``slow``: succeeds after ``seconds`` (body field, default 2) of work;
+* ``crash``: kills the worker process (``os._exit(70)``), like a segfault or the OOM killer.
 
 Each success writes one row to an ``effects`` table inside the dedup transaction, so a test can
 count side effects exactly.
@@ -11,6 +13,7 @@ count side effects exactly.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -18,12 +21,19 @@ from amqp_lab.dedup import placeholder_for
 from amqp_lab.errors import BusinessError, TransientError
 from amqp_lab.message import Task
 
-KINDS = ("ok", "bad", "invalid", "flaky")
+KINDS = ("ok", "bad", "invalid", "flaky", "slow", "crash")
+CRASH_EXIT_CODE = 70
 
 
 def lab_handler(task: Task, db: Any) -> None:
-    """Handle a lab task; raises TransientError, RuntimeError or BusinessError by kind."""
+    """Handle a lab task; raises TransientError, RuntimeError or BusinessError by kind, or
+    ends the process (``crash``)."""
     kind = task.kind
+    if kind == "crash":
+        os._exit(CRASH_EXIT_CODE)
+    if kind == "slow":
+        seconds = task.body.get("seconds", 2)
+        time.sleep(min(60.0, float(seconds)) if isinstance(seconds, int | float) else 2.0)
     if kind == "flaky" and task.attempt == 1:
         raise TransientError("upstream timed out (503) on the first delivery")
     if kind == "bad":

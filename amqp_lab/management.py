@@ -114,6 +114,13 @@ class ManagementClient:
         )
         return result
 
+    def exchange_bindings(self, vhost: str, exchange: str) -> list[dict[str, Any]]:
+        """GET /api/exchanges/{vhost}/{name}/bindings/source: the bindings from ``exchange``."""
+        result: list[dict[str, Any]] = self._request(
+            "GET", f"/exchanges/{_q(vhost)}/{_q(exchange)}/bindings/source"
+        )
+        return result
+
     def bindings(self, vhost: str) -> list[dict[str, Any]]:
         """GET /api/bindings/{vhost} (includes the default exchange's implicit bindings)."""
         result: list[dict[str, Any]] = self._request("GET", f"/bindings/{_q(vhost)}")
@@ -147,6 +154,29 @@ class ManagementClient:
             "apply-to": apply_to,
         }
         self._policy_request("PUT", vhost, name, body)
+
+    def put_operator_policy(
+        self,
+        vhost: str,
+        name: str,
+        pattern: str,
+        definition: dict[str, Any],
+        priority: int = 0,
+        apply_to: str = "queues",
+    ) -> None:
+        """PUT /api/operator-policies/{vhost}/{name}: merged over the queues' own policy
+        (https://www.rabbitmq.com/docs/policies#operator-policies). Needs the administrator tag."""
+        body = {
+            "pattern": pattern,
+            "definition": definition,
+            "priority": priority,
+            "apply-to": apply_to,
+        }
+        self._request("PUT", f"/operator-policies/{_q(vhost)}/{_q(name)}", json=body)
+
+    def delete_policy(self, vhost: str, name: str) -> None:
+        """DELETE /api/policies/{vhost}/{name}; a missing policy is not an error."""
+        self._policy_request("DELETE", vhost, name, None, ok404=True)
 
     def _policy_request(
         self, method: str, vhost: str, name: str, body: Any, ok404: bool = False
@@ -182,6 +212,10 @@ class ManagementClient:
             f"/permissions/{_q(vhost)}/{_q(user)}",
             json={"configure": configure, "write": write, "read": read},
         )
+
+    def delete_permissions(self, vhost: str, user: str) -> None:
+        """DELETE /api/permissions/{vhost}/{user}; missing permissions are not an error."""
+        self._request("DELETE", f"/permissions/{_q(vhost)}/{_q(user)}", ok404=True)
 
     def create_user(self, name: str, password: str, tags: str = "") -> None:
         """PUT /api/users/{name}; ``tags`` comma-separated (management, policymaker, ...)."""

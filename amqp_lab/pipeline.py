@@ -6,12 +6,20 @@ persistent, a ``message_id`` on every message) without one round trip per messag
 each message's :class:`~concurrent.futures.Future` resolves with its own outcome:
 
 * ``None`` - confirmed (basic.ack);
-* :class:`~amqp_lab.errors.MessageUnroutable` - a basic.return for its message_id arrived before
-  its ack (the broker sends the return first: https://www.rabbitmq.com/docs/confirms);
+* :class:`~amqp_lab.errors.UnencodableMessage` - refused before sending (an expiration that is
+  not whole milliseconds, a priority outside 0..255, a header value AMQP cannot carry): it fails
+  alone and never closes the channel under the messages around it;
+* :class:`~amqp_lab.errors.MessageUnroutable` - a basic.return for this very publish arrived
+  before its ack (the broker sends the return first: https://www.rabbitmq.com/docs/confirms).
+  Returns come in publish order and carry exchange, routing key and message_id, so each is
+  matched to the earliest unconfirmed publish with all three: the same message_id in flight to
+  a good and a bad routing key gets two different outcomes;
 * :class:`~amqp_lab.errors.MessageNacked` - basic.nack on every attempt (retried with capped
   full-jitter backoff, same message_id);
-* :class:`~amqp_lab.errors.NotFound` - the exchange does not exist (404 closes the channel; the
-  channel is reopened and the other messages in flight are republished);
+* :class:`~amqp_lab.errors.NotFound` / ``AccessRefused`` / ``PreconditionFailed`` - the broker
+  closed the channel because of this message: the reply names its exchange (404, 403) or its
+  size (406 message size). The channel is reopened and every other unconfirmed message is
+  republished, once: one that sees a second unexplained channel close fails with it;
 * :class:`~amqp_lab.errors.BrokerBlocked` - the connection stayed blocked by a resource alarm
   longer than ``blocked_connection_timeout``;
 * :class:`~amqp_lab.errors.PublishFailed` - reconnecting failed ``max_reconnects`` times.
@@ -30,6 +38,7 @@ import collections
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +59,7 @@ from amqp_lab.errors import (
     MessageNacked,
     MessageUnroutable,
     PublishFailed,
+    UnencodableMessage,
     VhostAccessDenied,
 )
 from amqp_lab.message import OutgoingMessage
@@ -92,11 +102,18 @@ class PublishBatch:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     message: OutgoingMessage
     on_outcome: Outcome
+    properties: Any = None  # sealed (encoded once) in the caller's thread
+    error: AmqpLabError | None = None  # refused before sending
     tries: int = 0
+    returned: bool = False  # a basic.return for this publish arrived (before its ack)
+    closes: int = 0  # unexplained channel closes this message was in flight for
+
+
+_MESSAGE_SIZE = re.compile(r"message size (\d+)")
 
 
 class PipelinedPublisher:
@@ -124,7 +141,6 @@ class PipelinedPublisher:
         self._incoming: collections.deque[_Item] = collections.deque()
         self._outstanding: collections.deque[_Item] = collections.deque()  # handed over, not sent
         self._unconfirmed: collections.OrderedDict[int, _Item] = collections.OrderedDict()
-        self._returned: collections.Counter[str] = collections.Counter()
         self._wake_pending = threading.Event()
         self._closing = False
         self._connection: Any = None
@@ -133,6 +149,7 @@ class PipelinedPublisher:
         self._ready = threading.Event()
         self._failure: AmqpLabError | None = None
         self.reconnects = 0
+        self.channel_closes = 0  # channels the broker closed (a 404, 403, 406...)
         self._channel_reopens = 0  # channel closes by the broker since the last confirm
         self._channel_was_open = False  # this connection reached an open channel
         self._ioloop = IOLoop()  # one loop for every connection, so wake-ups are never lost
@@ -192,6 +209,10 @@ class PipelinedPublisher:
         for item in items:
             if not item.message.message_id:
                 raise ValueError("every message needs a message_id")
+            try:
+                item.properties = item.message.sealed_properties()
+            except UnencodableMessage as e:
+                item.error = e  # resolved on the I/O thread, never sent
         if self._failure is not None:
             raise self._failure
         with self._room:
@@ -306,18 +327,20 @@ class PipelinedPublisher:
         self._channel = None
         if self._closing or self._connection is None or not self._connection.is_open:
             return
+        self.channel_closes += 1
         code = getattr(reason, "reply_code", 0)
         text = getattr(reason, "reply_text", str(reason))
-        error = channel_error(code, text)
-        # 404/403 name the exchange: fail the messages sent to it. Another error (406: message
-        # too large...) is blamed on the earliest unconfirmed message. The others are re-sent.
-        named = [
-            t
-            for t, item in self._unconfirmed.items()
-            if f"exchange '{item.message.exchange}'" in text
+        error: AmqpLabError = channel_error(code, text)
+        culprits = self._culprits(text)
+        outcomes: list[tuple[_Item, AmqpLabError | None]] = [
+            (self._unconfirmed.pop(t), error) for t in culprits
         ]
-        culprits = named or list(self._unconfirmed)[:1]
-        self._resolve([(self._unconfirmed.pop(t), error) for t in culprits])
+        for tag, item in list(self._unconfirmed.items()):
+            if not culprits:
+                item.closes += 1
+            if item.closes > 1:  # republished once already, and the channel died again
+                outcomes.append((self._unconfirmed.pop(tag), error))
+        self._resolve(outcomes)
         self._requeue_unconfirmed()
         self._channel_reopens += 1
         if self._channel_reopens > MAX_CHANNEL_REOPENS:
@@ -329,6 +352,24 @@ class PipelinedPublisher:
             return
         self._connection.channel(on_open_callback=self._on_channel_open)
 
+    def _culprits(self, reply_text: str) -> list[int]:
+        """The unconfirmed publishes a channel.close reply names: those to the exchange it
+        names (404 NOT_FOUND, 403 ACCESS_REFUSED), or the first whose body has the size a 406
+        names. Empty when the reply names none of them."""
+        named = [
+            tag
+            for tag, item in self._unconfirmed.items()
+            if f"exchange '{item.message.exchange}'" in reply_text
+        ]
+        if named:
+            return named
+        size = _MESSAGE_SIZE.search(reply_text)
+        if size is not None:
+            for tag, item in self._unconfirmed.items():
+                if len(item.message.body) == int(size.group(1)):
+                    return [tag]
+        return []
+
     def _on_wake(self) -> None:
         self._wake_pending.clear()
         while self._incoming:
@@ -339,14 +380,26 @@ class PipelinedPublisher:
         channel = self._channel
         while channel is not None and channel.is_open and self._outstanding:
             item = self._outstanding.popleft()
+            if item.error is not None:
+                self._resolve([(item, item.error)])
+                continue
             m = item.message
             item.tries += 1
-            channel.basic_publish(m.exchange, m.routing_key, m.body, m.properties(), mandatory=True)
+            item.returned = False
+            channel.basic_publish(m.exchange, m.routing_key, m.body, item.properties, True)
             self._tag += 1
             self._unconfirmed[self._tag] = item
 
-    def _on_return(self, _channel: Any, _method: Any, properties: Any, _body: bytes) -> None:
-        self._returned[properties.message_id] += 1
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        """Mark the publish this basic.return is for: the earliest unconfirmed one, not yet
+        returned, with the same exchange, routing key and message_id (returns arrive in publish
+        order, each before its own ack)."""
+        key = (method.exchange, method.routing_key, properties.message_id)
+        for item in self._unconfirmed.values():
+            m = item.message
+            if not item.returned and (m.exchange, m.routing_key, m.message_id) == key:
+                item.returned = True
+                return
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
@@ -355,8 +408,7 @@ class PipelinedPublisher:
         outcomes: list[tuple[_Item, AmqpLabError | None]] = []
         for item in self._confirmed_items(tag, method.multiple):
             message_id = item.message.message_id
-            if self._returned and self._returned[message_id]:
-                self._returned[message_id] -= 1
+            if item.returned:
                 outcomes.append(
                     (
                         item,
@@ -402,7 +454,6 @@ class PipelinedPublisher:
         for _, item in sorted(self._unconfirmed.items(), reverse=True):
             self._outstanding.appendleft(item)
         self._unconfirmed.clear()
-        self._returned.clear()
 
     def _fail_all(self, error: AmqpLabError) -> None:
         pending = [*self._unconfirmed.values(), *self._outstanding, *self._incoming]

@@ -5,6 +5,8 @@ the message (basic.ack), or raises
 
 * :class:`~amqp_lab.errors.MessageUnroutable` - basic.return (mandatory): no queue is bound for
   the routing key; not retried (pika #543: without mandatory the broker would ack and drop it);
+* :class:`~amqp_lab.errors.UnencodableMessage` - a property or header the broker would refuse
+  by closing the channel, or AMQP cannot carry; found before sending, not retried;
 * :class:`~amqp_lab.errors.MessageNacked` - basic.nack on every attempt;
 * :class:`~amqp_lab.errors.PublishFailed` - the connection kept failing until retries ran out;
 * :class:`~amqp_lab.errors.BrokerBlocked` - connection.blocked (memory or disk alarm) for longer
@@ -109,16 +111,12 @@ class Publisher:
                 raise translate(e, self.settings) from e
         return self._channel
 
-    def _publish_once(self, message: OutgoingMessage) -> None:
+    def _publish_once(self, message: OutgoingMessage, properties: Any) -> None:
         channel = self._ensure_channel()
         self.attempts_made += 1
         try:
             channel.basic_publish(
-                message.exchange,
-                message.routing_key,
-                message.body,
-                message.properties(),
-                mandatory=True,
+                message.exchange, message.routing_key, message.body, properties, mandatory=True
             )
         except pe.UnroutableError as e:
             raise MessageUnroutable(
@@ -140,6 +138,7 @@ class Publisher:
         errors raised. Returns only when the broker has taken responsibility for it."""
         if not message.message_id:
             raise ValueError("every message needs a message_id")
+        properties = message.sealed_properties()  # UnencodableMessage before anything is sent
 
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
@@ -160,7 +159,7 @@ class Publisher:
             reraise=True,
         )
         try:
-            retrying(self._publish_once, message)
+            retrying(self._publish_once, message, properties)
         except _Nacked as e:
             raise MessageNacked(
                 f"nacked by the broker {self.retry.max_attempts} times", message.message_id

@@ -15,8 +15,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from amqp_lab.backoff import capped, full_jitter
+from amqp_lab.message import (
+    ATTEMPTS_HEADER,
+    FIRST_SEEN_HEADER,
+    ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER,
+    REPLAYED_PROPERTIES,
+    OutgoingMessage,
+    original_destination,
+    user_headers,
+)
 from amqp_lab.settlement import RetryPolicy
 
 
@@ -42,3 +53,46 @@ def retry_wait(
 def expiration_ms(seconds: float) -> str:
     """AMQP ``expiration`` property: a string of whole milliseconds (>= 0)."""
     return str(max(0, round(seconds * 1000)))
+
+
+def retry_copy(
+    *,
+    body: bytes,
+    message_id: str,
+    properties: dict[str, Any],
+    headers: dict[Any, Any],
+    exchange: str,
+    routing_key: str,
+    queue: str,
+    attempts: int,
+    first_seen_at: str,
+    wait: float,
+) -> OutgoingMessage:
+    """The copy of a failed delivery for wait queue ``attempts`` of ``queue``, published to the
+    default exchange with a per-message TTL of ``wait`` seconds. It keeps the body, the
+    publisher's headers (types and bytes unchanged) and properties, and carries our bookkeeping:
+    ``attempts``, ``first_seen_at``, and the **original** exchange and routing key (set on the
+    first hop from the delivery's, kept after), so a DLQ record written after any number of
+    hops names where the message was first published. The broker's x-death family is not
+    copied."""
+    original_exchange, original_key = original_destination(headers, exchange, routing_key)
+    copy_headers = user_headers(headers)
+    copy_headers.update(
+        {
+            ATTEMPTS_HEADER: attempts,
+            FIRST_SEEN_HEADER: first_seen_at,
+            ORIGINAL_EXCHANGE_HEADER: original_exchange,
+            ORIGINAL_ROUTING_KEY_HEADER: original_key,
+        }
+    )
+    kept = {k: v for k, v in properties.items() if k in REPLAYED_PROPERTIES}
+    return OutgoingMessage(
+        body=body,
+        message_id=message_id,
+        exchange="",
+        routing_key=wait_queue_name(queue, attempts),
+        content_type=kept.pop("content_type", None),
+        headers=copy_headers,
+        expiration=expiration_ms(wait),
+        **kept,
+    )

@@ -12,7 +12,12 @@ handler result            first delivery              redelivered (attempt 2)
 success                   ack (processed)             ack (processed)
 business error            dead-letter, attempts=1     dead-letter, attempts=2
 transient / unknown       nack(requeue=True)          dead-letter, attempts=2
+poison                    (never first)               dead-letter, handler not run
 ========================  ==========================  ============================
+
+*Poison*: the broker redelivered the message more often than ``max_redeliveries`` without its
+ever being settled - a count the dedup store commits before each handler run, so a handler
+that kills the process cannot lose it. It is dead-lettered without running the handler again.
 
 The redelivered flag is a hint, not a counter (amqplib #293): it only allows the one
 redelivery. Bounded retries beyond that (``backoff`` mode) count in our own ``attempts`` header:
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from amqp_lab.errors import BusinessError, TransientError
+from amqp_lab.errors import BusinessError, PoisonMessage, TransientError
 
 TRANSIENT_HTTP_STATUSES = frozenset({408, 429, 502, 503, 504})
 
@@ -39,6 +44,7 @@ class Outcome(StrEnum):
     BUSINESS = "business"
     TRANSIENT = "transient"
     UNKNOWN = "unknown"
+    POISON = "poison"  # redelivered too often without settlement: the handler is not run
 
 
 class Action(StrEnum):
@@ -81,11 +87,14 @@ REQUEUE_ONCE = RetryPolicy()
 
 
 def classify(error: BaseException | None) -> Outcome:
-    """Classify a handler exception. None -> SUCCESS; BusinessError -> BUSINESS;
+    """Classify a handler exception. None -> SUCCESS; PoisonMessage -> POISON;
+    BusinessError -> BUSINESS;
     TransientError, timeouts, connection errors and HTTP 408/429/502/503/504 (an exception with a
     ``status_code`` or ``response.status_code``) -> TRANSIENT; anything else -> UNKNOWN."""
     if error is None:
         return Outcome.SUCCESS
+    if isinstance(error, PoisonMessage):
+        return Outcome.POISON
     if isinstance(error, BusinessError):
         return Outcome.BUSINESS
     if isinstance(error, TransientError | TimeoutError | ConnectionError | socket.timeout):
@@ -115,13 +124,13 @@ def decide(
 ) -> Settlement:
     """The settlement for one delivery.
 
-    Success: ack. Business error: dead-letter at once. Transient or unknown failure: in
+    Success: ack. Business error or poison: dead-letter at once. Transient or unknown failure: in
     ``requeue`` mode one broker redelivery (nack requeue), dead-lettered when it fails again; in
     ``backoff`` mode a broker-held delayed retry (wait queue) until ``attempt`` reaches
     ``policy.max_attempts``, then dead-letter."""
     if outcome is Outcome.SUCCESS:
         return Settlement(Action.ACK, attempt, outcome)
-    if outcome is Outcome.BUSINESS:
+    if outcome in (Outcome.BUSINESS, Outcome.POISON):
         return Settlement(Action.DEAD_LETTER, attempt, outcome)
     if policy.mode == "backoff":
         if attempt < policy.max_attempts:

@@ -56,4 +56,10 @@ def run(main: Callable[[], int]) -> None:
         code = EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
+    except Exception as e:  # a bug: still one line (EAI_TRACEBACK=1 shows the traceback)
+        if os.environ.get("EAI_TRACEBACK"):
+            raise
+        text = " ".join(str(e).split())
+        print(f"error: unexpected {type(e).__name__}: {mask_url(text)}", file=sys.stderr)
+        code = EXIT_FAILED
     sys.exit(code)

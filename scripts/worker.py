@@ -2,19 +2,24 @@
 """Consume q:tasks with the lab handler: manual ack after the work, prefetch, dedup, DLQ records.
 
 One line per delivery:
-``message_id=<id> outcome=processed|duplicate|requeued|dead-lettered attempts=<n> redelivered=<b>``
+``message_id=<id> outcome=processed|duplicate|requeued|dead-lettered|parked attempts=<n> ...``
+and a final ``worker stopped: ...`` line. Exit 0 when it finished (idle-exit, max-messages,
+SIGTERM drained), 130 after SIGINT drained, 1 with one ``error:`` line otherwise; a second
+signal exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
 from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import open_store
 from amqp_lab.lab import lab_handler
+from amqp_lab.lifecycle import SignalDrain
 from amqp_lab.retention import (
     DAY,
     DEFAULT_PURGE_INTERVAL,
@@ -105,7 +110,43 @@ def main() -> int:
         "basic.ack(multiple) after its commit (N <= --prefetch; a prefetch of 3*N keeps "
         "deliveries flowing while a batch commits)",
     )
+    parser.add_argument(
+        "--wait-for-queue",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a missing queue at start (default: fail at once)",
+    )
+    parser.add_argument(
+        "--resubscribe-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a deleted queue may take to come back before the worker gives up",
+    )
+    parser.add_argument(
+        "--max-redeliveries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="broker redeliveries of one message (e.g. its handler kills the worker) before it "
+        "goes to the DLQ without running the handler again",
+    )
+    parser.add_argument(
+        "--store-outage",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the dedup store may stay unreachable (deliveries retried) before exit 1",
+    )
+    parser.add_argument(
+        "--no-verify-topology",
+        action="store_true",
+        help="do not check (management API) that wait queues and DLX can bring messages back",
+    )
     args = parser.parse_args()
+    if args.max_redeliveries < 1 or args.store_outage < 0 or args.wait_for_queue < 0:
+        parser.error("--max-redeliveries must be >= 1, --store-outage/--wait-for-queue >= 0")
     if args.prefetch < 1:
         parser.error("--prefetch must be >= 1")
     if not 1 <= args.ack_batch <= args.prefetch:
@@ -135,18 +176,27 @@ def main() -> int:
         max_messages=args.max_messages,
         retry=retry,
         ack_batch=args.ack_batch,
+        queue_wait=args.wait_for_queue,
+        resubscribe_wait=args.resubscribe_wait,
+        max_redeliveries=args.max_redeliveries,
+        store_outage=args.store_outage,
+        verify_topology=not args.no_verify_topology,
     )
 
     def report(r: DeliveryReport) -> None:
         print(r.line(), flush=True)
 
+    consumer = Consumer(settings, lab_handler, store, config, on_report=report)
+    drain = SignalDrain(consumer, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
     try:
-        handled = Consumer(settings, lab_handler, store, config, on_report=report).run()
+        with drain:
+            handled = consumer.run()
     finally:
         purger.stop()
         store.close()
-    print(f"worker done: {handled} deliveries handled")
-    return EXIT_OK
+    why = consumer.stop_reason or "finished"
+    print(f"worker stopped ({why}): {handled} deliveries handled", flush=True)
+    return drain.exit_code or EXIT_OK
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -133,3 +134,30 @@ def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, st
         for r in rows
         if r["message_id"] == message_id
     ]
+
+
+def start_script(settings: BrokerSettings, name: str, *args: str) -> subprocess.Popen[str]:
+    """Start scripts/<name> in the background (stdout and stderr piped, text)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        env=script_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def through(settings: BrokerSettings, port: int, **overrides: Any) -> BrokerSettings:
+    """The same broker, vhost and credentials, reached through 127.0.0.1:``port`` (a proxy)."""
+    parts = urlsplit(settings.amqp_url)
+    netloc = parts.netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{port}"
+    url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    return BrokerSettings(url, settings.management_url, **overrides)
+
+
+def one_error_line(stderr: str) -> str:
+    """The single ``error:`` line of a script's stderr; fails on a traceback or several."""
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]

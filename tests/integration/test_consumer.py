@@ -50,7 +50,7 @@ def test_every_outcome_with_exact_delivery_counts(topology: BrokerSettings, tmp_
     records = {p.message_id: json.loads(body) for _, p, body in get_all(topology, "q:tasks:dlq")}
     assert set(records) == {"m-bad", "m-invalid"}
     assert records["m-bad"]["attempts"] == 2
-    assert records["m-bad"]["classification"] == "transient"
+    assert records["m-bad"]["classification"] == "unknown"  # retried like transient: a bug
     assert records["m-bad"]["error"]["type"] == "RuntimeError"
     assert records["m-invalid"]["attempts"] == 1
     assert records["m-invalid"]["classification"] == "business"
@@ -69,10 +69,12 @@ def test_dlq_record_carries_what_a_person_needs(topology: BrokerSettings, tmp_pa
     assert props.delivery_mode == 2
     assert record["message_id"] == "m-bad"
     assert record["payload"] == {"kind": "bad", "seq": 1}
-    assert record["error"] == {
-        "type": "RuntimeError",
-        "message": "bug in task handler: division by zero",
-    }
+    error = record["error"]
+    assert (error["type"], error["message"]) == (
+        "RuntimeError",
+        "bug in task handler: division by zero",
+    )
+    assert 'in lab_handler\n    raise RuntimeError("bug in task handler' in error["traceback"]
     assert record["attempts"] == 2
     assert record["original"] == {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"}
     first = datetime.fromisoformat(record["first_seen_at"])

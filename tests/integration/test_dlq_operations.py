@@ -34,7 +34,7 @@ def fill_dlq(settings: BrokerSettings, specs: list[tuple[str, BaseException, flo
                 exchange="tasks",
                 routing_key="task",
                 queue="q:tasks",
-                content_type="application/json",
+                properties={"content_type": "application/json"},
                 headers={"attempts": 0},
                 error=error,
                 classification="business" if isinstance(error, BusinessError) else "transient",

@@ -1,10 +1,13 @@
-"""DLQ records: build, encode/decode payloads, read DLQ messages, rebuild replays."""
+"""DLQ records: build (format 2, typed headers), encode/decode payloads exactly, read DLQ
+messages, rebuild replays that keep every header, property and body byte."""
 
 from __future__ import annotations
 
 import json
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,9 +18,11 @@ from amqp_lab.dlq_record import (
     MAX_PAYLOAD_DEPTH,
     RECORD_TYPE,
     DlqEntry,
+    bounded_traceback,
     build_record,
     decode_payload,
     encode_payload,
+    fallback_record,
     json_depth,
     record_message,
     replay_message,
@@ -25,7 +30,17 @@ from amqp_lab.dlq_record import (
     view_of,
 )
 from amqp_lab.errors import BusinessError
-from amqp_lab.message import JSON, OutgoingMessage, encode_json
+from amqp_lab.fieldtable import encode_table
+from amqp_lab.message import (
+    BOOKKEEPING_HEADERS,
+    BROKER_HEADERS,
+    JSON,
+    REPLAYED_PROPERTIES,
+    OutgoingMessage,
+    encode_json,
+)
+from amqp_lab.wire import AmqpProperties
+from tests.amqp_values import field_tables, same
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +58,7 @@ def _record(**overrides: Any) -> dict[str, Any]:
         "exchange": "tasks",
         "routing_key": "task",
         "queue": "q:tasks",
-        "content_type": JSON,
+        "properties": {"content_type": JSON, "priority": 4},
         "headers": {"attempts": 1, "trace": b"t-7"},
         "error": BusinessError("size must be positive"),
         "classification": "business",
@@ -53,6 +68,12 @@ def _record(**overrides: Any) -> dict[str, Any]:
     }
     arguments.update(overrides)
     return build_record(**arguments)
+
+
+def _props(**fields: Any) -> SimpleNamespace:
+    """A delivery's properties as pika hands them over."""
+    names = ("message_id", "type", "headers", *REPLAYED_PROPERTIES)
+    return SimpleNamespace(**{name: fields.get(name) for name in names})
 
 
 def _x_death_headers(as_bytes: bool) -> dict[str, Any]:
@@ -94,17 +115,19 @@ def test_utc_iso(ts: float, iso: str) -> None:
 # --- build_record ----------------------------------------------------------------------------
 def test_build_record() -> None:
     assert _record() == {
+        "format": 2,
         "message_id": "m-7",
         "payload": {"kind": "resize", "seq": 7},
         "payload_encoding": "json",
         "content_type": "application/json",
+        "properties": [["content_type", {"S": "application/json"}], ["priority", {"I": 4}]],
         "error": {"type": "BusinessError", "message": "size must be positive"},
         "classification": "business",
         "attempts": 2,
         "first_seen_at": FIRST_SEEN_AT,
         "last_failed_at": "2026-11-29T17:41:02.123Z",
         "original": {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"},
-        "headers": {"attempts": 1, "trace": "t-7"},
+        "headers": [["trace", {"x": "dC03"}]],
     }
 
 
@@ -113,7 +136,7 @@ def test_record_last_failed_at_is_iso_8601_utc_with_z() -> None:
 
 
 def test_record_is_json_serialisable() -> None:
-    record = _record()
+    record = _record(headers={"d": Decimal("1.5"), "t": DEATH_TIME, "n": [b"\xff", {"a": 1.5}]})
     assert json.loads(encode_json(record)) == record
 
 
@@ -122,9 +145,48 @@ def test_record_error_message_is_truncated_to_2000_characters() -> None:
     assert record["error"] == {"type": "RuntimeError", "message": "x" * 2000}
 
 
-def test_record_drops_broker_death_headers() -> None:
-    record = _record(headers=_x_death_headers(as_bytes=True) | {"attempts": 1})
-    assert record["headers"] == {"trace": "t-9", "attempts": 1}
+def test_an_unknown_exception_carries_a_bounded_traceback() -> None:
+    def buggy() -> None:
+        raise ZeroDivisionError("division by zero in buggy()")
+
+    try:
+        buggy()
+    except ZeroDivisionError as e:
+        error = e
+    trace = _record(error=error, classification="unknown")["error"]["traceback"]
+    assert "in buggy" in trace
+    assert trace.endswith("ZeroDivisionError: division by zero in buggy()\n")
+    assert "traceback" not in _record()["error"]  # a business error needs none
+
+
+def test_a_long_traceback_keeps_its_end() -> None:
+    try:
+        raise RuntimeError("y" * 20_000)
+    except RuntimeError as e:
+        trace = bounded_traceback(e, limit=500)
+    assert len(trace) == 500
+    assert trace.startswith("...\n") and trace.endswith("y\n")
+
+
+def test_record_drops_broker_and_bookkeeping_headers_and_keeps_x_death_apart() -> None:
+    headers = _x_death_headers(as_bytes=True) | {"attempts": 1, "x-request-id": "r-1"}
+    record = _record(headers=headers)
+    assert record["headers"] == [["trace", {"x": "dC05"}], ["x-request-id", {"S": "r-1"}]]
+    assert record["x_death"]["A"][0]["F"][0] == ["count", {"I": 1}]
+
+
+def test_record_names_the_original_destination_after_retry_hops() -> None:
+    """A retry comes back through tasks.retry with the wait queue's routing key; the record
+    names where the message was first published."""
+    headers = {"original_exchange": "tasks", "original_routing_key": "task", "attempts": 3}
+    record = _record(exchange="tasks.retry", routing_key="q:tasks:wait:3", headers=headers)
+    assert record["original"] == {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"}
+    assert record["headers"] == []
+
+
+def test_record_keeps_undecodable_headers_raw() -> None:
+    record = _record(headers=None, undecodable_headers=b"\x00\x00\x00\x02\x01z")
+    assert record["headers_raw"] == "AAAAAgF6"
 
 
 def test_record_of_a_non_utf8_body_is_base64() -> None:
@@ -144,6 +206,24 @@ def test_record_message_carries_the_record_to_the_dlx() -> None:
         persistent=True,
         type="dlq-record",
     )
+
+
+def test_the_record_and_its_header_agree_on_attempts() -> None:
+    """The delivery said attempts=1 (one retry already settled); the record counts deliveries
+    tried (2), and the DLQ message's own header says the same."""
+    record = _record()
+    message = record_message(record, "tasks.dlx", "task")
+    assert record["attempts"] == message.headers["attempts"] == 2
+    assert all(key != "attempts" for key, _ in record["headers"])
+
+
+def test_fallback_record_keeps_the_exact_body() -> None:
+    record = fallback_record(
+        body=b"\x00raw", message_id="m-1", queue="q:tasks", error=ValueError("v"), problem="p"
+    )
+    entry = view_of(record_message(record, "tasks.dlx", "task").body, _props(type=RECORD_TYPE))
+    assert decode_payload(entry.payload, entry.payload_encoding) == b"\x00raw"
+    assert (entry.error_type, record["record_error"]) == ("ValueError", "p")
 
 
 # --- encode_payload / decode_payload -----------------------------------------------------------
@@ -210,14 +290,10 @@ def test_non_utf8_payload_round_trips(parts: tuple[bytes, bytes]) -> None:
     assert decode_payload(payload, encoding) == body
 
 
-def test_json_payload_is_re_encoded_compactly() -> None:
-    assert decode_payload(*encode_payload(b'{ "seq": 1, "kind": "a" }')) == b'{"kind":"a","seq":1}'
-
-
 # --- view_of -----------------------------------------------------------------------------------
 def test_view_of_a_record_message() -> None:
     msg = record_message(_record(), "tasks.dlx", "task")
-    entry = view_of(msg.body, msg.message_id, msg.type, msg.headers)
+    entry = view_of(msg.body, _props(message_id=msg.message_id, type=msg.type))
     assert entry == DlqEntry(
         message_id="m-7",
         source="record",
@@ -231,13 +307,17 @@ def test_view_of_a_record_message() -> None:
         routing_key="task",
         payload={"kind": "resize", "seq": 7},
         payload_encoding="json",
-        headers={"attempts": 1, "trace": "t-7"},
+        headers={"trace": b"t-7"},
+        properties={"content_type": JSON, "priority": 4},
     )
 
 
 @pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes-values", "str-values"])
 def test_view_of_a_raw_message_with_x_death(as_bytes: bool) -> None:
-    entry = view_of(b'{"kind":"resize","seq":9}', "m-9", None, _x_death_headers(as_bytes=as_bytes))
+    headers = _x_death_headers(as_bytes=as_bytes)
+    entry = view_of(
+        b'{"kind":"resize","seq":9}', _props(message_id="m-9", headers=headers, priority=3)
+    )
     assert entry == DlqEntry(
         message_id="m-9",
         source="x-death",
@@ -251,34 +331,62 @@ def test_view_of_a_raw_message_with_x_death(as_bytes: bool) -> None:
         routing_key="task",
         payload={"kind": "resize", "seq": 9},
         payload_encoding="json",
-        headers={"trace": "t-9"},
+        headers=headers,
+        properties={"priority": 3},
     )
 
 
 def test_view_of_a_raw_message_treats_a_naive_death_time_as_utc() -> None:
     headers = _x_death_headers(as_bytes=True)
     headers["x-death"][0]["time"] = datetime(2026, 11, 29, 17, 41, 2)
-    assert view_of(BODY, "m-9", None, headers).last_failed_at == "2026-11-29T17:41:02.000Z"
+    assert view_of(BODY, _props(headers=headers)).last_failed_at == "2026-11-29T17:41:02.000Z"
 
 
 def test_view_of_a_raw_message_does_not_take_x_death_count_for_attempts() -> None:
     headers = _x_death_headers(as_bytes=True)
     headers["x-death"][0]["count"] = 3
-    assert view_of(BODY, "m-9", None, headers).attempts is None
+    assert view_of(BODY, _props(headers=headers)).attempts is None
 
 
 def test_view_of_a_raw_message_takes_attempts_from_our_header() -> None:
     headers = _x_death_headers(as_bytes=True) | {"attempts": 4}
-    assert view_of(BODY, "m-9", None, headers).attempts == 4
+    assert view_of(BODY, _props(headers=headers)).attempts == 4
 
 
 def test_view_of_a_raw_message_prefers_our_first_seen_header() -> None:
     headers = _x_death_headers(as_bytes=False) | {"first_seen_at": FIRST_SEEN_AT}
-    assert view_of(BODY, "m-9", None, headers).first_seen_at == FIRST_SEEN_AT
+    assert view_of(BODY, _props(headers=headers)).first_seen_at == FIRST_SEEN_AT
+
+
+def test_view_of_a_raw_message_prefers_our_original_destination() -> None:
+    headers = _x_death_headers(as_bytes=False) | {
+        "original_exchange": "orders",
+        "original_routing_key": "order.created",
+    }
+    entry = view_of(BODY, _props(headers=headers))
+    assert (entry.exchange, entry.routing_key) == ("orders", "order.created")
+
+
+def test_view_of_a_format_1_record() -> None:
+    record = {
+        "message_id": "m-1",
+        "payload": {"kind": "a"},
+        "payload_encoding": "json",
+        "content_type": JSON,
+        "error": {"type": "RuntimeError", "message": "boom"},
+        "classification": "transient",
+        "attempts": 2,
+        "original": {"exchange": "tasks", "routing_key": "task", "queue": "q:tasks"},
+        "headers": {"trace": "t-1", "attempts": 1},
+    }
+    entry = view_of(encode_json(record), _props(type=RECORD_TYPE))
+    assert entry.headers == {"trace": "t-1", "attempts": 1}
+    assert entry.properties == {"content_type": JSON}
+    assert replay_message(entry).headers == {"trace": "t-1", "attempts": 0}
 
 
 def test_view_of_a_message_without_x_death() -> None:
-    assert view_of(b"plain text", "m-1", None, None) == DlqEntry(
+    assert view_of(b"plain text", _props(message_id="m-1")) == DlqEntry(
         message_id="m-1",
         source="raw",
         error_type="dead-lettered:unknown",
@@ -296,13 +404,14 @@ def test_view_of_a_message_without_x_death() -> None:
 
 
 def test_view_of_a_damaged_record_shows_it_raw() -> None:
-    entry = view_of(b'{"message_id": "m-3"}', "m-3", RECORD_TYPE, {"attempts": 2})
-    assert (entry.source, entry.payload, entry.attempts) == ("raw", {"message_id": "m-3"}, 2)
+    props = _props(message_id="m-3", type=RECORD_TYPE, headers={"attempts": 2})
+    entry = view_of(b'{"message_id": "m-3"}', props)
+    assert (entry.source, entry.payload, entry.attempts) == ("raw", '{"message_id": "m-3"}', 2)
 
 
-def test_entry_as_dict() -> None:
+def test_entry_as_dict_is_json_and_lossless() -> None:
     msg = record_message(_record(), "tasks.dlx", "task")
-    assert view_of(msg.body, msg.message_id, msg.type, msg.headers).as_dict() == {
+    assert view_of(msg.body, _props(type=msg.type)).as_dict() == {
         "message_id": "m-7",
         "source": "record",
         "error": {"type": "BusinessError", "message": "size must be positive"},
@@ -313,7 +422,9 @@ def test_entry_as_dict() -> None:
         "original": {"exchange": "tasks", "routing_key": "task"},
         "payload": {"kind": "resize", "seq": 7},
         "payload_encoding": "json",
-        "headers": {"attempts": 1, "trace": "t-7"},
+        "headers": [["trace", {"x": "dC03"}]],
+        "properties": [["content_type", {"S": JSON}], ["priority", {"I": 4}]],
+        "traceback": None,
     }
 
 
@@ -341,7 +452,10 @@ def _entry(**overrides: Any) -> DlqEntry:
             "x-last-death-queue": "q:tasks",
             "x-last-death-reason": "rejected",
             "first_seen_at": FIRST_SEEN_AT,
+            "original_exchange": "tasks",
+            "original_routing_key": "task",
         },
+        "properties": {"content_type": JSON},
     }
     fields.update(overrides)
     return DlqEntry(**fields)
@@ -358,7 +472,7 @@ def test_replay_message_rebuilds_the_original() -> None:
     )
 
 
-def test_replay_message_resets_attempts_and_drops_broker_headers() -> None:
+def test_replay_message_resets_attempts_and_drops_broker_and_bookkeeping_headers() -> None:
     assert replay_message(_entry()).headers == {"trace": "t-5", "attempts": 0}
 
 
@@ -366,40 +480,81 @@ def test_replay_message_exchange_override() -> None:
     assert replay_message(_entry(), exchange="tasks.retry").exchange == "tasks.retry"
 
 
-def test_replay_message_empty_exchange_falls_back_to_tasks() -> None:
-    assert replay_message(_entry(exchange="")).exchange == "tasks"
+def test_replay_message_keeps_the_default_exchange() -> None:
+    replay = replay_message(_entry(exchange="", routing_key="q:direct"))
+    assert (replay.exchange, replay.routing_key) == ("", "q:direct")
+
+
+def test_replay_message_keeps_the_original_properties() -> None:
+    props = {
+        "content_type": "text/plain",
+        "content_encoding": "gzip",
+        "correlation_id": "c-1",
+        "reply_to": "amq.rabbitmq.reply-to",
+        "priority": 9,
+        "type": "invoice",
+        "app_id": "billing",
+        "timestamp": 1700000000,
+    }
+    replay = replay_message(_entry(properties=props))
+    assert {name: getattr(replay, name) for name in props} == props
 
 
 def test_replay_message_of_a_binary_payload() -> None:
-    replay = replay_message(_entry(payload="/wD+", payload_encoding="base64"))
-    assert (replay.body, replay.content_type) == (b"\xff\x00\xfe", "application/octet-stream")
+    replay = replay_message(
+        _entry(payload="/wD+", payload_encoding="base64", properties={"content_type": "x/y"})
+    )
+    assert (replay.body, replay.content_type) == (b"\xff\x00\xfe", "x/y")
 
 
 def test_replay_of_a_record_message_restores_the_original_message() -> None:
     msg = record_message(_record(), "tasks.dlx", "task")
-    replay = replay_message(view_of(msg.body, msg.message_id, msg.type, msg.headers))
+    replay = replay_message(view_of(msg.body, _props(message_id=msg.message_id, type=msg.type)))
     assert replay == OutgoingMessage(
         body=BODY,
         message_id="m-7",
         exchange="tasks",
         routing_key="task",
         content_type=JSON,
-        headers={"attempts": 0, "trace": "t-7"},
+        headers={"trace": b"t-7", "attempts": 0},
+        priority=4,
     )
 
 
 @pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes-values", "str-values"])
 def test_replay_of_a_raw_x_death_message_restores_the_original_message(as_bytes: bool) -> None:
     headers = _x_death_headers(as_bytes=as_bytes) | {"attempts": 0}
-    replay = replay_message(view_of(BODY, "m-7", None, headers))
+    replay = replay_message(
+        view_of(BODY, _props(message_id="m-7", headers=headers, content_type=JSON))
+    )
     assert replay == OutgoingMessage(
         body=BODY,
         message_id="m-7",
         exchange="tasks",
         routing_key="task",
         content_type=JSON,
-        headers={"trace": "t-9", "attempts": 0},
+        headers={"trace": b"t-9" if as_bytes else "t-9", "attempts": 0},
     )
+
+
+@settings(database=None, max_examples=200)
+@given(headers=field_tables, body=st.binary(max_size=64))
+def test_dlq_record_and_replay_keep_every_header_and_the_body_exact(
+    headers: dict[str, Any], body: bytes
+) -> None:
+    """Delivery -> DLQ record (JSON on the wire) -> view -> replay -> properties on the wire:
+    every header comes back with the same type and the same bytes; only our bookkeeping and
+    the broker's x-death family are reset."""
+    headers = {k: v for k, v in headers.items() if k not in BOOKKEEPING_HEADERS | BROKER_HEADERS}
+    message = record_message(_record(body=body, headers=headers), "tasks.dlx", "task")
+    entry = view_of(message.body, _props(message_id=message.message_id, type=message.type))
+    replay = replay_message(entry)
+    wire_props = AmqpProperties().decode(b"".join(replay.sealed_properties().encode()))
+    assert replay.body == body
+    replayed = dict(wire_props.headers)
+    assert replayed.pop("attempts") == 0
+    assert same(replayed, headers)
+    assert encode_table(replayed) == encode_table(headers)
 
 
 # --- poison bodies: nesting that would exhaust the recursion limit ------------------------------
@@ -441,6 +596,6 @@ def test_json_at_the_depth_limit_stays_json() -> None:
 
 @pytest.mark.parametrize("body", [b"[" * 5000, b"[1,2]", b'"a string"', b"{nope"])
 def test_a_damaged_record_is_shown_raw(body: bytes) -> None:
-    entry = view_of(body, "m-1", RECORD_TYPE, {})
+    entry = view_of(body, _props(message_id="m-1", type=RECORD_TYPE, headers={}))
     assert entry.source == "raw"
     assert decode_payload(entry.payload, entry.payload_encoding) == body

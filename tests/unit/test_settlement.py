@@ -7,8 +7,16 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from amqp_lab.errors import BusinessError, InvalidMessage, TransientError
-from amqp_lab.settlement import Action, Outcome, Settlement, attempt_number, classify, decide
+from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
+from amqp_lab.settlement import (
+    Action,
+    Outcome,
+    RetryPolicy,
+    Settlement,
+    attempt_number,
+    classify,
+    decide,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -165,6 +173,13 @@ def test_attempt_number(header_attempts: int, redelivered: bool, attempt: int) -
             Settlement(Action.DEAD_LETTER, 2, Outcome.UNKNOWN),
             id="unknown-redelivered-dead-letter-attempts-2",
         ),
+        pytest.param(
+            Outcome.POISON,
+            2,
+            True,
+            Settlement(Action.DEAD_LETTER, 2, Outcome.POISON),
+            id="poison-redelivered-dead-letter-without-handler",
+        ),
     ],
 )
 def test_decide_table(
@@ -207,6 +222,13 @@ def test_decide_table(
             Settlement(Action.DEAD_LETTER, 2, Outcome.UNKNOWN),
             id="redelivered-bug-dead-lettered",
         ),
+        pytest.param(
+            PoisonMessage("delivered 5 times"),
+            0,
+            True,
+            Settlement(Action.DEAD_LETTER, 2, Outcome.POISON),
+            id="redelivered-poison-dead-lettered",
+        ),
     ],
 )
 def test_classify_then_decide(
@@ -214,3 +236,10 @@ def test_classify_then_decide(
 ) -> None:
     attempt = attempt_number(header_attempts, redelivered)
     assert decide(classify(error), attempt, redelivered) == expected
+
+
+def test_poison_is_dead_lettered_in_backoff_mode_too() -> None:
+    policy = RetryPolicy("backoff", max_attempts=5)
+    assert decide(Outcome.POISON, 1, True, policy) == Settlement(
+        Action.DEAD_LETTER, 1, Outcome.POISON
+    )

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Check what publisher confirms and mandatory cannot see: the work queue exists and has
+consumers (and, with --dlq-depth, the DLQ is not deeper than N).
+
+Exit 0 and an ``ok:`` line when healthy; 2 with one ``ALERT:`` line per problem (for cron:
+``python scripts/health.py || notify ...``); 1 when the broker cannot be asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
+
+from amqp_lab.dlq import DLQ
+from amqp_lab.health import health_problems, queue_health
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queue", default="q:tasks", help="the work queue")
+    parser.add_argument("--min-consumers", type=int, default=1, metavar="N")
+    parser.add_argument("--dlq", default=DLQ)
+    parser.add_argument(
+        "--dlq-depth", type=int, default=None, metavar="N", help="alert when the DLQ holds more"
+    )
+    args = parser.parse_args()
+    if args.min_consumers < 0 or (args.dlq_depth is not None and args.dlq_depth < 0):
+        parser.error("--min-consumers and --dlq-depth must be >= 0")
+    settings = settings_from_env("amqp-lab health")
+    work = queue_health(settings, args.queue)
+    dlq = queue_health(settings, args.dlq) if args.dlq_depth is not None else None
+    problems = health_problems(work, settings.vhost, args.min_consumers, dlq, args.dlq_depth)
+    for problem in problems:
+        print(f"ALERT: {problem}")
+    if problems:
+        return EXIT_ALERT
+    print(
+        f"ok: {args.queue!r} in vhost {settings.vhost!r} has {work.consumers} consumer(s) and "
+        f"{work.messages} message(s) ready"
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)
