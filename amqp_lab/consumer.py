@@ -31,23 +31,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import pika.exceptions as pe
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    stop_any,
-    stop_when_event_set,
-    wait_random_exponential,
-)
 
 from amqp_lab.backoff import full_jitter
 from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
 from amqp_lab.dedup import DedupStore
 from amqp_lab.delivery import Delivery, DeliveryReport, prepare
-from amqp_lab.dlq_record import build_record, fallback_record, record_message, utc_iso
+from amqp_lab.dlq_record import utc_iso
 from amqp_lab.errors import (
     BrokerConnectionError,
     ConfigurationError,
@@ -59,22 +52,20 @@ from amqp_lab.errors import (
     PoisonMessage,
     QueueNotFound,
     RetryTopologyError,
-    StoreUnavailable,
-    UnencodableMessage,
 )
 from amqp_lab.lifecycle import End, ReconnectBudget, State, classify_end
 from amqp_lab.management import ManagementClient
-from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, OutgoingMessage, Task
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, Task
 from amqp_lab.retry import retry_copy, retry_wait, wait_queue_name
 from amqp_lab.retry_topology import RetryExpectations, check_retry_topology
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import REQUEUE_ONCE, Action, Outcome, RetryPolicy, Settlement, classify
+from amqp_lab.settlement import REQUEUE_ONCE, Action, RetryPolicy, Settlement, classify
 from amqp_lab.settlement import decide as decide_settlement
+from amqp_lab.store_retry import StoreRetry
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
@@ -156,10 +147,6 @@ class ConsumerConfig:
 _InFlight = tuple[list[Delivery], "Future[None] | None"]
 
 
-class _StaleDelivery(Exception):
-    pass
-
-
 class Consumer:
     """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`; ``state`` is
     its :class:`~amqp_lab.lifecycle.State`."""
@@ -195,7 +182,8 @@ class Consumer:
         self._park_reason = ""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
         self._connection: Any = None
-        self._dl_channel: Any = None
+        self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
+        self._store = StoreRetry(self.config.store_outage, self._stop)
 
     def stop(self, reason: str = "stop requested") -> None:
         """Drain and return (thread- and signal-safe): stop consuming (basic.cancel), let the
@@ -256,7 +244,7 @@ class Consumer:
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
-            self._dl_channel = self._confirm_channel(connection)
+            self._writer.open(connection)
             self._await_queue(connection)
             self._verify_topology()
             # a batch waits at most ack_interval for more deliveries
@@ -272,7 +260,7 @@ class Consumer:
                     f"the broker cancelled the consumer of queue {self.config.queue!r} in vhost "
                     f"{self.settings.vhost!r} (deleted, or its node went away)"
                 )
-        except _StaleDelivery as e:
+        except StaleDelivery as e:
             raise ConnectionLost(str(e)) from e
         except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
@@ -426,7 +414,7 @@ class Consumer:
             if not d.redelivered:
                 fresh.append(d)
                 continue
-            count = self._store_call(
+            count = self._store.call(
                 functools.partial(self.store.note_redelivery, d.task.message_id, d.now)
             )
             if count > limit:
@@ -444,7 +432,7 @@ class Consumer:
                 and d.message_id is not None
                 and not isinstance(d.headers.get(FIRST_SEEN_HEADER), str)
             ):
-                d.first_seen_at = self._store_call(
+                d.first_seen_at = self._store.call(
                     functools.partial(self.store.first_seen, d.message_id, d.now)
                 )
 
@@ -458,7 +446,7 @@ class Consumer:
                 for d in work
                 if d.task is not None
             ]
-            results: list[bool | BaseException] = self._store_call(
+            results: list[bool | BaseException] = self._store.call(
                 functools.partial(process_batch, pairs)
             )
             for d, result in zip(work, results, strict=True):
@@ -469,39 +457,13 @@ class Consumer:
             assert d.task is not None and d.message_id is not None
             work_fn = functools.partial(self.handler, d.task)
             try:
-                d.duplicate = not self._store_call(
+                d.duplicate = not self._store.call(
                     functools.partial(self.store.process_once, d.message_id, work_fn)
                 )
             except DedupStoreError:
                 raise  # the store failed, not the handler: stop, nothing is acked
             except Exception as e:  # the handler's error decides the settlement
                 d.error = e
-
-    def _store_call(self, call: Callable[[], T]) -> T:
-        """``call()``, retried with backoff while the store is unavailable, for up to
-        ``store_outage`` seconds (or until a stop is asked for); then DedupStoreError."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(StoreUnavailable),
-            stop=stop_any(
-                stop_after_delay(self.config.store_outage), stop_when_event_set(self._stop)
-            ),
-            wait=wait_random_exponential(multiplier=0.2, max=5),
-            sleep=self._pause,
-            before_sleep=lambda s: log.warning(
-                "dedup store unavailable (%s); retrying", s.outcome and s.outcome.exception()
-            ),
-            reraise=True,
-        )
-        try:
-            return retrying(call)
-        except StoreUnavailable as e:
-            raise DedupStoreError(
-                f"the dedup store stayed unavailable ({e}); nothing was acked, the deliveries "
-                "will be redelivered"
-            ) from e
-
-    def _pause(self, seconds: float) -> None:
-        self._stop.wait(seconds)
 
     def _handle(
         self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
@@ -591,7 +553,9 @@ class Consumer:
                 wait=wait,
             )
             try:
-                self._write(connection, channel, copy, f"retry copy of message_id={d.message_id}")
+                self._writer.write(
+                    connection, channel, copy, f"retry copy of message_id={d.message_id}"
+                )
             except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
                 d.notes.append(str(e))
             else:
@@ -600,50 +564,23 @@ class Consumer:
         if self.config.dead_letter == "reject":
             self._settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
             return d.report("dead-lettered", settlement.attempts)
-        message = self._record_message(d, settlement, first_seen_at)
+        message = dlq_message(
+            d,
+            settlement,
+            first_seen_at=first_seen_at,
+            queue=self.config.queue,
+            dlx=self.config.dlx,
+            failed_at=self.clock(),
+        )
         try:
-            self._write(connection, channel, message, f"DLQ record for message_id={d.message_id}")
+            self._writer.write(
+                connection, channel, message, f"DLQ record for message_id={d.message_id}"
+            )
         except DeadLetterFailed as e:
             self._park(d, e)
             return d.report("parked", settlement.attempts)
         self._settle(channel, lambda: channel.basic_ack(tag), d)
         return d.report("dead-lettered", settlement.attempts)
-
-    def _record_message(
-        self, d: Delivery, settlement: Settlement, first_seen_at: str
-    ) -> OutgoingMessage:
-        """The DLQ record's message; if building it fails (never expected), a fallback record
-        with the exact body, so the delivery still reaches the DLQ."""
-        assert d.error is not None
-        try:
-            record = build_record(
-                body=d.body,
-                message_id=d.message_id,
-                exchange=d.method.exchange,
-                routing_key=d.method.routing_key,
-                queue=self.config.queue,
-                properties=d.properties_dict(),
-                headers=d.headers,
-                error=d.error,
-                classification=_RECORD_CLASS[settlement.classification],
-                attempts=settlement.attempts,
-                first_seen_at=first_seen_at,
-                failed_at=self.clock(),
-                undecodable_headers=getattr(d.properties, "undecodable_headers", None),
-            )
-            if d.notes:
-                record["retry_error"] = "; ".join(d.notes)
-            return record_message(record, self.config.dlx, d.method.routing_key)
-        except Exception as e:
-            log.warning("DLQ record for message_id=%s could not be built: %r", d.message_id, e)
-            record = fallback_record(
-                body=d.body,
-                message_id=d.message_id,
-                queue=self.config.queue,
-                error=d.error,
-                problem=f"{type(e).__name__}: {e}",
-            )
-            return record_message(record, self.config.dlx, str(d.method.routing_key))
 
     def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
         """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and
@@ -672,70 +609,15 @@ class Consumer:
                 time.sleep(0.05)
         if pump_error is not None:
             future.exception()  # the handlers' work is committed (or rolled back) by now
-            raise _StaleDelivery(f"connection lost while the handler ran: {pump_error}")
+            raise StaleDelivery(f"connection lost while the handler ran: {pump_error}")
         future.result()
 
     def _settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
         """Settle on the delivering channel only; drop the settlement if it has closed."""
         if not channel.is_open:
-            raise _StaleDelivery(
+            raise StaleDelivery(
                 f"message_id={d.message_id}: channel closed before settlement; "
                 "the broker will redeliver it"
             )
         settle()
         self._settled = True
-
-    def _confirm_channel(self, connection: Any) -> Any:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        return channel
-
-    def _write(self, connection: Any, channel: Any, message: OutgoingMessage, what: str) -> None:
-        """Publish a retry copy or DLQ record with confirms + mandatory before the original is
-        acked; up to ``dead_letter_attempts`` tries (a nack, a return, a closed channel), with
-        backoff while the connection keeps pumping. Raises DeadLetterFailed when it was not
-        confirmed, AccessRefused on a 403 (permissions revoked mid-run). Nothing is written if
-        the delivering channel already closed (its delivery will come back, and writing now
-        would make a second copy)."""
-        try:
-            properties = message.sealed_properties()
-        except UnencodableMessage as e:
-            raise DeadLetterFailed(f"{what} cannot be encoded: {e}") from e
-        problem = ""
-        attempts = self.config.dead_letter_attempts
-        for attempt in range(1, attempts + 1):
-            if not channel.is_open:
-                raise _StaleDelivery(f"{what}: channel closed before settlement; not written")
-            try:
-                if self._dl_channel is None or not self._dl_channel.is_open:
-                    self._dl_channel = self._confirm_channel(connection)
-                self._dl_channel.basic_publish(
-                    message.exchange, message.routing_key, message.body, properties, mandatory=True
-                )
-                return
-            except pe.UnroutableError:
-                problem = "returned unroutable"
-            except pe.NackError:
-                problem = "nacked by the broker"
-            except pe.ChannelClosedByBroker as e:
-                self._dl_channel = None
-                if e.reply_code == 403:  # permissions revoked mid-run: fatal, not this message
-                    raise translate(e, self.settings) from e
-                problem = f"channel closed: {e.reply_code} {e.reply_text}"
-            if attempt < attempts:
-                connection.sleep(full_jitter(attempt, 0.1, 2.0, self.uniform))
-        raise DeadLetterFailed(
-            f"{what} to exchange {message.exchange!r} routing key {message.routing_key!r} was "
-            f"not confirmed after {attempts} tries ({problem}); the original stays unacked"
-        )
-
-
-_RECORD_CLASS = {
-    Outcome.BUSINESS: "business",
-    Outcome.TRANSIENT: "transient",
-    Outcome.UNKNOWN: "unknown",
-    Outcome.POISON: "poison",
-    Outcome.SUCCESS: "success",
-}
-"""The DLQ record's classification: ``unknown`` for an exception that is neither a business
-nor a transient error - retried like a transient one, but a bug, not an outage."""

@@ -79,6 +79,8 @@ _INTS: dict[bytes, tuple[str, int]] = {  # tag -> (struct format, size)
     b"T": (">Q", 8),
 }
 _MAX_DEPTH = 100  # nesting accepted on decode and encode; deeper is refused, never a crash
+_PACK_I, _UNPACK_I = struct.Struct(">I").pack, struct.Struct(">I").unpack_from
+_PACK_i, _UNPACK_i = struct.Struct(">i").pack, struct.Struct(">i").unpack_from
 
 
 class FieldTableError(ValueError):
@@ -125,14 +127,14 @@ def decode_table(encoded: bytes, offset: int = 0) -> tuple[dict[Any, Any], int]:
     """Decode the field table at ``offset``; return (table, offset after it). Raises
     FieldTableError for an unknown type or a table cut short (never another exception)."""
     try:
-        return _decode_table(memoryview(encoded), offset, 0)
+        return _decode_table(bytes(encoded), offset, 0)
     except FieldTableError:
         raise
     except (struct.error, IndexError, ValueError, InvalidOperation) as e:
         raise FieldTableError(f"malformed field table: {e}") from e
 
 
-def _decode_table(buf: memoryview, offset: int, depth: int) -> tuple[dict[Any, Any], int]:
+def _decode_table(buf: bytes, offset: int, depth: int) -> tuple[dict[Any, Any], int]:
     if depth > _MAX_DEPTH:
         raise FieldTableError(f"field table nested deeper than {_MAX_DEPTH}")
     (size,) = struct.unpack_from(">I", buf, offset)
@@ -149,9 +151,9 @@ def _decode_table(buf: memoryview, offset: int, depth: int) -> tuple[dict[Any, A
     return table, offset
 
 
-def _short_string(buf: memoryview, offset: int) -> tuple[str | bytes, int]:
+def _short_string(buf: bytes, offset: int) -> tuple[str | bytes, int]:
     length = buf[offset]
-    raw = bytes(buf[offset + 1 : offset + 1 + length])
+    raw = buf[offset + 1 : offset + 1 + length]
     if len(raw) != length:
         raise FieldTableError("short string cut short")
     try:
@@ -160,9 +162,21 @@ def _short_string(buf: memoryview, offset: int) -> tuple[str | bytes, int]:
         return raw, offset + 1 + length
 
 
-def _decode_value(buf: memoryview, offset: int, depth: int) -> tuple[Any, int]:
-    tag = bytes(buf[offset : offset + 1])
+def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
+    tag = buf[offset : offset + 1]
     offset += 1
+    if tag == b"S":  # the common cases first: this runs for every header of every delivery
+        (length,) = _UNPACK_I(buf, offset)
+        offset += 4
+        data = buf[offset : offset + length]
+        if len(data) != length:
+            raise FieldTableError("string cut short")
+        try:
+            return data.decode("utf-8"), offset + length
+        except UnicodeDecodeError:
+            return TaggedBytes(data), offset + length
+    if tag == b"I":
+        return _UNPACK_i(buf, offset)[0], offset + 4
     if tag in _INTS:
         fmt, size = _INTS[tag]
         (number,) = struct.unpack_from(fmt, buf, offset)
@@ -183,19 +197,13 @@ def _decode_value(buf: memoryview, offset: int, depth: int) -> tuple[Any, int]:
         scale = buf[offset]
         (raw,) = struct.unpack_from(">i", buf, offset + 1)
         return Decimal(raw).scaleb(-scale), offset + 5
-    if tag in (b"S", b"x"):
-        (length,) = struct.unpack_from(">I", buf, offset)
+    if tag == b"x":
+        (length,) = _UNPACK_I(buf, offset)
         offset += 4
-        data = bytes(buf[offset : offset + length])
+        data = buf[offset : offset + length]
         if len(data) != length:
-            raise FieldTableError("string cut short")
-        offset += length
-        if tag == b"x":
-            return data, offset
-        try:
-            return data.decode("utf-8"), offset
-        except UnicodeDecodeError:
-            return TaggedBytes(data), offset
+            raise FieldTableError("byte array cut short")
+        return data, offset + length
     if tag == b"A":
         if depth >= _MAX_DEPTH:
             raise FieldTableError(f"field array nested deeper than {_MAX_DEPTH}")
@@ -248,7 +256,13 @@ def _encode_table(out: bytearray, table: dict[Any, Any], path: str, depth: int) 
 
 
 def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is str:  # the common cases first: this runs for every header of every message
+        raw = value.encode("utf-8", "strict")
+        out += b"S" + _PACK_I(len(raw)) + raw
+    elif kind is int and -(2**31) <= value < 2**31:
+        out += b"I" + _PACK_i(value)
+    elif isinstance(value, bool):
         out += b"t\x01" if value else b"t\x00"
     elif isinstance(value, int):
         tag = value.tag if isinstance(value, TaggedInt) else _default_int_tag(value)

@@ -39,6 +39,9 @@ _FIELDS = (
     ("app_id", "s"),
     ("cluster_id", "s"),
 )
+_SPEC = tuple((1 << (15 - i), name, kind) for i, (name, kind) in enumerate(_FIELDS))
+_PACK_H, _UNPACK_H = struct.Struct(">H").pack, struct.Struct(">H").unpack_from
+_PACK_Q, _UNPACK_Q = struct.Struct(">Q").pack, struct.Struct(">Q").unpack_from
 
 
 class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
@@ -61,64 +64,85 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
         return self
 
     def encode(self) -> list[bytes]:
-        """The encoded properties as a new list (pika inserts the frame header into it)."""
+        """The encoded properties as a new list (pika inserts the frame header into it).
+        Unrolled in flag order: this runs once per published message."""
         if self._sealed is not None:
             return [self._sealed]
+        out = bytearray()
         flags = 0
-        body = bytearray()
-        for bit, (name, kind) in enumerate(_FIELDS):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            flags |= 1 << (15 - bit)
-            if kind == "s":
-                raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-                if len(raw) > 255:
-                    raise FieldTableError(f"property {name} is longer than 255 bytes")
-                body.append(len(raw))
-                body += raw
-            elif kind == "F":
-                body += encode_table(value)
-            elif kind == "o":
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
-                    raise FieldTableError(f"property {name} must be an integer 0..255: {value!r}")
-                body.append(value)
-            else:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise FieldTableError(f"property {name} must be a non-negative integer")
-                try:
-                    body += struct.pack(">Q", value)
-                except struct.error as e:
-                    raise FieldTableError(f"property {name} does not fit 64 bits") from e
-        return [struct.pack(">H", flags), bytes(body)]
+        if (v := self.content_type) is not None:
+            flags |= 0x8000
+            _short(out, v, "content_type")
+        if (v := self.content_encoding) is not None:
+            flags |= 0x4000
+            _short(out, v, "content_encoding")
+        if (v := self.headers) is not None:
+            flags |= 0x2000
+            out += encode_table(v)
+        if (v := self.delivery_mode) is not None:
+            flags |= 0x1000
+            out.append(_octet(v, "delivery_mode"))
+        if (v := self.priority) is not None:
+            flags |= 0x0800
+            out.append(_octet(v, "priority"))
+        if (v := self.correlation_id) is not None:
+            flags |= 0x0400
+            _short(out, v, "correlation_id")
+        if (v := self.reply_to) is not None:
+            flags |= 0x0200
+            _short(out, v, "reply_to")
+        if (v := self.expiration) is not None:
+            flags |= 0x0100
+            _short(out, v, "expiration")
+        if (v := self.message_id) is not None:
+            flags |= 0x0080
+            _short(out, v, "message_id")
+        if (v := self.timestamp) is not None:
+            flags |= 0x0040
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
+                raise FieldTableError(f"property timestamp must be a non-negative integer: {v!r}")
+            out += _PACK_Q(v)
+        if (v := self.type) is not None:
+            flags |= 0x0020
+            _short(out, v, "type")
+        if (v := self.user_id) is not None:
+            flags |= 0x0010
+            _short(out, v, "user_id")
+        if (v := self.app_id) is not None:
+            flags |= 0x0008
+            _short(out, v, "app_id")
+        if (v := self.cluster_id) is not None:
+            flags |= 0x0004
+            _short(out, v, "cluster_id")
+        return [_PACK_H(flags), bytes(out)]
 
     def decode(self, encoded: bytes, offset: int = 0) -> AmqpProperties:
-        (flags,) = struct.unpack_from(">H", encoded, offset)
+        (flags,) = _UNPACK_H(encoded, offset)
         offset += 2
         word = flags
         while word & 1:  # continuation flag words: AMQP 0-9-1 defines no property there
-            (word,) = struct.unpack_from(">H", encoded, offset)
+            (word,) = _UNPACK_H(encoded, offset)
             offset += 2
-        for bit, (name, kind) in enumerate(_FIELDS):
-            value: Any = None
-            if flags & (1 << (15 - bit)):
-                if kind == "s":
-                    length = encoded[offset]
-                    raw = bytes(encoded[offset + 1 : offset + 1 + length])
-                    offset += 1 + length
-                    try:
-                        value = raw.decode("utf-8")
-                    except UnicodeDecodeError:
-                        value = raw
-                elif kind == "F":
-                    value, offset = self._decode_headers(encoded, offset)
-                elif kind == "o":
-                    value = encoded[offset]
-                    offset += 1
-                else:
-                    (value,) = struct.unpack_from(">Q", encoded, offset)
-                    offset += 8
-            setattr(self, name, value)
+        fields = self.__dict__
+        for bit, name, kind in _SPEC:
+            if not flags & bit:
+                fields[name] = None
+            elif kind == "s":
+                end = offset + 1 + encoded[offset]
+                raw = encoded[offset + 1 : end]
+                offset = end
+                try:
+                    fields[name] = raw.decode()
+                except UnicodeDecodeError:
+                    fields[name] = bytes(raw)
+            elif kind == "F":
+                fields[name], offset = self._decode_headers(encoded, offset)
+            elif kind == "o":
+                fields[name] = encoded[offset]
+                offset += 1
+            else:
+                (fields[name],) = _UNPACK_Q(encoded, offset)
+                offset += 8
         return self
 
     def _decode_headers(self, encoded: bytes, offset: int) -> tuple[Any, int]:
@@ -131,6 +155,20 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
             self.header_error = str(e)
             return None, end
         return table, after
+
+
+def _short(out: bytearray, value: Any, name: str) -> None:
+    raw = value.encode() if type(value) is str else bytes(value)
+    if len(raw) > 255:
+        raise FieldTableError(f"property {name} is longer than 255 bytes")
+    out.append(len(raw))
+    out += raw
+
+
+def _octet(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        raise FieldTableError(f"property {name} must be an integer 0..255: {value!r}")
+    return int(value)
 
 
 def install() -> None:

@@ -414,3 +414,36 @@ def test_a_second_signal_exits_at_once(topology: BrokerSettings, tmp_path: Path)
     assert time.monotonic() - started < 5  # not after the 10 s handler
     assert "outcome=" not in out  # nothing settled: it is redelivered, dedup would skip a commit
     wait_for(lambda: ready_count(topology, "q:tasks") == 1, what="the message back in the queue")
+
+
+# --- writes the broker does not confirm --------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_a_retry_copy_the_wait_queue_will_not_take_goes_to_the_dlq_instead(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """The wait queue deleted (and the topology check switched off): the retry copy comes back
+    unroutable, so the delivery is dead-lettered at once, saying why, rather than lost."""
+    with open_channel(topology) as channel:
+        channel.queue_delete("q:tasks:wait:1")
+    publish(topology, ("bad", "m-no-wait"))
+    rows = run_worker(
+        topology, tmp_path, "--retry", "backoff", "--max-attempts", "3", "--no-verify-topology"
+    )
+    assert [(r["message_id"], r["outcome"]) for r in rows] == [("m-no-wait", "dead-lettered")]
+    ((_, _, body),) = get_all(topology, "q:tasks:dlq")
+    assert b"retry copy of message_id=m-no-wait" in body and b"returned unroutable" in body
+
+
+@pytest.mark.timeout(60)
+def test_retries_that_cannot_be_checked_are_refused(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """No management API at the given URL: a backoff worker will not confirm retries into wait
+    queues it could not check, and says how to run without the check."""
+    blind = BrokerSettings(topology.amqp_url, "http://127.0.0.1:9")
+    result = run_script(
+        blind, "worker.py", "--retry", "backoff", "--dedup-path", str(tmp_path / "d.sqlite3")
+    )
+    assert result.returncode == 1
+    line = one_error_line(result.stderr)
+    assert "cannot check the retry topology" in line and "--no-verify-topology" in line
