@@ -23,7 +23,7 @@ tag    AMQP type           Python value
 =====  ==================  =========================================================
 t      boolean             bool
 b B    (un)signed 8-bit    TaggedInt(tag)
-s U u  (un)signed 16-bit   TaggedInt(tag)
+s u    (un)signed 16-bit   TaggedInt(tag)
 I i    (un)signed 32-bit   int for ``I``; TaggedInt("i")
 l L    signed 64-bit       int for ``l`` beyond 32 bits; else TaggedInt(tag)
 f      float               TaggedFloat - plain ``float`` encodes as ``d``
@@ -70,7 +70,6 @@ _INTS: dict[bytes, tuple[str, int]] = {  # tag -> (struct format, size)
     b"b": (">b", 1),
     b"B": (">B", 1),
     b"s": (">h", 2),
-    b"U": (">h", 2),
     b"u": (">H", 2),
     b"I": (">i", 4),
     b"i": (">I", 4),
@@ -89,7 +88,9 @@ class FieldTableError(ValueError):
 
 
 class TaggedInt(int):
-    """An int that remembers its AMQP wire type (``tag``: one of b B s U u I i l L T)."""
+    """An int that remembers its AMQP wire type (``tag``: one of b B s u I i l L T). pika also
+    knows ``U``; RabbitMQ refuses it at publish (541 INTERNAL_ERROR, checked on 3.10 and 4.0),
+    so it is no type here."""
 
     tag: str
 
@@ -229,7 +230,9 @@ def encode_table(table: dict[Any, Any] | None, path: str = "headers") -> bytes:
     """The wire bytes of ``table`` (size prefix included). Raises FieldTableError naming the
     path of a value AMQP cannot carry: an unsupported type, an int outside signed 64 bits (or
     outside its tag's range), a Decimal with more than 255 decimals or an unscaled value outside
-    32 bits, a timestamp before 1970, a key longer than 255 bytes."""
+    32 bits, a timestamp before 1970, a key longer than 255 bytes, a NaN or an infinity
+    (RabbitMQ answers those with 541 INTERNAL_ERROR and closes the connection: checked on
+    3.10.8 and 4.0.5)."""
     out = bytearray()
     _encode_table(out, table or {}, path, 0)
     return bytes(out)
@@ -272,6 +275,8 @@ def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
         except struct.error as e:
             raise FieldTableError(f"{path}: {int(value)} does not fit AMQP type {tag!r}") from e
     elif isinstance(value, float):
+        if not math.isfinite(value):  # RabbitMQ closes the whole connection (541) on these
+            raise FieldTableError(f"{path}: {value} is not a number RabbitMQ accepts")
         if isinstance(value, TaggedFloat):
             try:
                 out += b"f" + struct.pack(">f", value)

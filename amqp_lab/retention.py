@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from amqp_lab.dedup import ManagedDedupStore, Purged
-from amqp_lab.errors import AmqpLabError, ConfigurationError
+from amqp_lab.errors import ConfigurationError
 from amqp_lab.retry import wait_bound
 from amqp_lab.settlement import RetryPolicy
 
@@ -116,7 +116,7 @@ class PeriodicPurge:
         while True:
             try:
                 self.on_purge(purge_expired(self.store, self.retention, self.clock))
-            except AmqpLabError as e:
+            except Exception as e:  # one line, never a thread traceback, never the worker's end
                 log.warning("dedup purge failed (%s); retrying in %g s", e, self.interval)
             if self._stop.wait(self.interval):
                 return

@@ -141,6 +141,8 @@ def test_nesting_past_the_limit_is_refused_both_ways() -> None:
         ({"t": datetime(1960, 1, 1, tzinfo=UTC)}, "before 1970"),
         ({"k" * 256: 1}, "longer than 255 bytes"),
         ({"f": TaggedFloat(1e300)}, "32-bit float"),
+        ({"f": float("nan")}, "nan is not a number RabbitMQ accepts"),
+        ({"f": [float("-inf")]}, r"headers\['f'\]\[0\]: -inf is not a number RabbitMQ accepts"),
     ],
 )
 def test_values_amqp_cannot_carry_are_named(headers: dict[str, Any], message: str) -> None:
