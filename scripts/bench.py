@@ -76,6 +76,21 @@ def wait_for_depth(settings: BrokerSettings, n: int, timeout: float = 60) -> Non
         connection.close()
 
 
+def wait_for_consumer(settings: BrokerSettings, timeout: float = 60) -> None:
+    """Poll (passive queue.declare every 10 ms) until the bench queue has a consumer; raises
+    SystemExit after ``timeout`` seconds."""
+    connection = connect(settings)
+    channel = connection.channel()
+    deadline = time.monotonic() + timeout
+    try:
+        while not channel.queue_declare(QUEUE, passive=True).method.consumer_count:
+            if time.monotonic() > deadline:
+                raise SystemExit("the latency consumer did not subscribe in time")
+            time.sleep(0.01)
+    finally:
+        connection.close()
+
+
 def _poll_depth(channel: Any, n: int, deadline: float) -> None:
     """Passive queue.declare every 10 ms until the bench queue holds ``n`` messages; SystemExit
     once time.monotonic() passes ``deadline``."""
@@ -189,7 +204,7 @@ def latency(settings: BrokerSettings, rate: int, seconds: float, batch: int) -> 
         text=True,
         env=os.environ,
     )
-    time.sleep(2)  # let it subscribe
+    wait_for_consumer(settings)  # latency is measured from here, not from process start
     with PipelinedPublisher(settings, window=1000) as publisher:
         started = time.perf_counter()
         for i in range(n):
