@@ -16,6 +16,17 @@ from amqp_lab.errors import ManagementError
 from amqp_lab.settings import BrokerSettings, mask_secrets
 
 
+def _policy_body(
+    pattern: str, definition: dict[str, Any], priority: int, apply_to: str
+) -> dict[str, Any]:
+    return {
+        "pattern": pattern,
+        "definition": definition,
+        "priority": priority,
+        "apply-to": apply_to,
+    }
+
+
 def _q(name: str) -> str:
     """Percent-encode a vhost, queue or policy name as one path segment (``/`` -> ``%2F``)."""
     return quote(name, safe="")
@@ -147,12 +158,7 @@ class ManagementClient:
         apply_to: str = "queues",
     ) -> None:
         """PUT /api/policies/{vhost}/{name}. Needs the ``policymaker`` (or administrator) tag."""
-        body = {
-            "pattern": pattern,
-            "definition": definition,
-            "priority": priority,
-            "apply-to": apply_to,
-        }
+        body = _policy_body(pattern, definition, priority, apply_to)
         self._policy_request("PUT", vhost, name, body)
 
     def put_operator_policy(
@@ -166,12 +172,7 @@ class ManagementClient:
     ) -> None:
         """PUT /api/operator-policies/{vhost}/{name}: merged over the queues' own policy
         (https://www.rabbitmq.com/docs/policies#operator-policies). Needs the administrator tag."""
-        body = {
-            "pattern": pattern,
-            "definition": definition,
-            "priority": priority,
-            "apply-to": apply_to,
-        }
+        body = _policy_body(pattern, definition, priority, apply_to)
         self._request("PUT", f"/operator-policies/{_q(vhost)}/{_q(name)}", json=body)
 
     def delete_policy(self, vhost: str, name: str) -> None:

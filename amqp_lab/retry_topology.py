@@ -49,6 +49,14 @@ def _in_force(queue: dict[str, Any]) -> str:
     return text + (f" with operator policy {operator!r}" if operator else "")
 
 
+def _expires(what: str, queue: dict[str, Any], consequence: str) -> list[str]:
+    """The problem a queue TTL (``expires``) makes, if it has one."""
+    expires = _setting(queue, "expires")
+    if expires is None:
+        return []
+    return [f"{what} expires after {expires} ms unused ({_in_force(queue)}): {consequence}"]
+
+
 def topic_matches(pattern: str, routing_key: str) -> bool:
     """AMQP topic matching: words split on dots, ``*`` is one word, ``#`` zero or more."""
     words, keys = pattern.split("."), routing_key.split(".")
@@ -99,11 +107,9 @@ def problems(
                 f"{expect.dead_letter_exchange!r} ({_in_force(work_queue)}): a rejected message "
                 "would not reach the DLQ"
             )
-    if _setting(work_queue, "expires") is not None:
-        found.append(
-            f"queue {expect.queue!r} expires after {_setting(work_queue, 'expires')} ms unused "
-            f"({_in_force(work_queue)}): it would be deleted with its messages"
-        )
+    found += _expires(
+        f"queue {expect.queue!r}", work_queue, "it would be deleted with its messages"
+    )
     if not expect.wait_queues:
         return found
     if retry_exchange is None:
@@ -128,11 +134,11 @@ def problems(
                     f"retry exchange {expect.retry_exchange!r} does not route routing key "
                     f"{key!r} (from wait queue {name!r}) to queue {expect.queue!r}"
                 )
-        if _setting(queue, "expires") is not None:
-            found.append(
-                f"wait queue {name!r} expires after {_setting(queue, 'expires')} ms unused "
-                f"({where}): it has no consumer, so it would be deleted with the retries in it"
-            )
+        found += _expires(
+            f"wait queue {name!r}",
+            queue,
+            "it has no consumer, so it would be deleted with the retries in it",
+        )
     return found
 
 

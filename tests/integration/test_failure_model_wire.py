@@ -117,14 +117,28 @@ def test_a_channel_close_goes_to_the_message_that_caused_it(
     size: that message fails; the others in flight are republished once (same message_id)."""
     if broker.ctl_fn is None:
         pytest.skip("the broker came from EAI_AMQP_URL: the tests cannot change its settings")
-    broker.ctl("eval", "application:set_env(rabbit, max_message_size, 4096).")
+    # 3.x reads max_message_size from the application environment for each new channel; 4.x
+    # caches it in a persistent_term (checked on 4.0.5), so both are set and restored
+    env = broker.ctl("eval", "application:get_env(rabbit, max_message_size).").strip()
+    cached = broker.ctl("eval", "persistent_term:get(max_message_size, undefined).").strip()
+    broker.ctl(
+        "eval",
+        "application:set_env(rabbit, max_message_size, 4096), "
+        "persistent_term:put(max_message_size, 4096).",
+    )
     try:
         messages = [task_message("ok", i, f"m-{i}") for i in range(30)]
         messages[12] = OutgoingMessage(body=b"x" * 6000, message_id="m-big")
         with PipelinedPublisher(topology, window=100) as publisher:
             batch = publisher.publish_many(messages).wait()
     finally:
-        broker.ctl("eval", "application:set_env(rabbit, max_message_size, 134217728).")
+        restore = "application:unset_env(rabbit, max_message_size)"
+        if env.startswith("{ok,"):
+            restore = f"application:set_env(rabbit, max_message_size, {env[4:-1]})"
+        restore += ", persistent_term:erase(max_message_size)"
+        if cached != "undefined":
+            restore += f", persistent_term:put(max_message_size, {cached})"
+        broker.ctl("eval", restore + ".")
     ((failed, error),) = batch.failures
     assert failed.message_id == "m-big"
     assert isinstance(error, PreconditionFailed) and "message size 6000" in str(error)
@@ -228,6 +242,16 @@ def test_after_retry_hops_the_record_names_the_original_and_replay_reaches_the_a
 
 
 # --- the retry topology is checked, not assumed ----------------------------------------------
+def backoff_worker(settings: BrokerSettings, tmp_path: Path, max_attempts: int) -> Any:
+    """worker.py in backoff mode until 1 s idle; its CompletedProcess."""
+    return run_script(
+        settings,
+        "worker.py",
+        *("--retry", "backoff", "--max-attempts", str(max_attempts), "--idle-exit", "1"),
+        *("--dedup-path", str(tmp_path / "d.sqlite3")),
+    )
+
+
 def _await_policy(broker: TestBroker, vhost: str, queue: str, key: str, name: str) -> None:
     with broker.admin() as api:
         wait_for(
@@ -245,18 +269,7 @@ def test_a_higher_priority_policy_without_the_retry_dlx_stops_the_worker_naming_
         api.put_policy(topology.vhost, "catch-all", "^q:tasks:wait:", {"max-length": 1000}, 100)
     _await_policy(broker, topology.vhost, "q:tasks:wait:1", "policy", "catch-all")
     publish(topology, ("bad", "m-1"))
-    result = run_script(
-        topology,
-        "worker.py",
-        "--retry",
-        "backoff",
-        "--max-attempts",
-        "3",
-        "--idle-exit",
-        "1",
-        "--dedup-path",
-        str(tmp_path / "d.sqlite3"),
-    )
+    result = backoff_worker(topology, tmp_path, max_attempts=3)
     assert result.returncode == 1
     line = one_error_line(result.stderr)
     assert "wait queue 'q:tasks:wait:1' dead-letters to None" in line
@@ -272,18 +285,7 @@ def test_an_operator_policy_that_expires_wait_queues_stops_the_worker_naming_it(
     with broker.admin() as api:
         api.put_operator_policy(topology.vhost, "ops-expire", "^q:tasks:wait:", {"expires": 600000})
     _await_policy(broker, topology.vhost, "q:tasks:wait:1", "operator_policy", "ops-expire")
-    result = run_script(
-        topology,
-        "worker.py",
-        "--retry",
-        "backoff",
-        "--max-attempts",
-        "2",
-        "--idle-exit",
-        "1",
-        "--dedup-path",
-        str(tmp_path / "d.sqlite3"),
-    )
+    result = backoff_worker(topology, tmp_path, max_attempts=2)
     assert result.returncode == 1
     line = one_error_line(result.stderr)
     assert "expires after 600000 ms" in line and "operator policy 'ops-expire'" in line
