@@ -245,7 +245,8 @@ class Consumer:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
             self._writer.open(connection)
-            self._await_queue(connection)
+            if not self._await_queue(connection):
+                return  # a stop was asked for while waiting: nothing was in flight
             self._verify_topology()
             # a batch waits at most ack_interval for more deliveries
             tick = self.config.ack_interval if self.config.ack_batch > 1 else 0.25
@@ -315,9 +316,10 @@ class Consumer:
             channel.basic_reject(method.delivery_tag, requeue=True)
         return True
 
-    def _await_queue(self, connection: Any) -> None:
-        """queue.declare(passive) until the queue exists; raises QueueNotFound after
-        ``queue_wait`` seconds at start, ``resubscribe_wait`` once it has been consumed from."""
+    def _await_queue(self, connection: Any) -> bool:
+        """queue.declare(passive) until the queue exists (True); False when a stop is asked for
+        meanwhile. Raises QueueNotFound after ``queue_wait`` seconds at start,
+        ``resubscribe_wait`` once it has been consumed from."""
         q, vhost = self.config.queue, self.settings.vhost
         bound = self.config.resubscribe_wait if self._consumed else self.config.queue_wait
         deadline = time.monotonic() + bound
@@ -328,7 +330,9 @@ class Consumer:
             except pe.ChannelClosedByBroker as e:
                 if e.reply_code != 404:
                     raise
-                if time.monotonic() >= deadline or self._stop.is_set():
+                if self._stop.is_set():
+                    return False
+                if time.monotonic() >= deadline:
                     if self._consumed:
                         message = (
                             f"queue {q!r} in vhost {vhost!r} is gone (the broker cancelled the "
@@ -344,7 +348,7 @@ class Consumer:
                 connection.sleep(0.5)
                 continue
             channel.close()
-            return
+            return True
 
     def _verify_topology(self) -> None:
         """Refuse to consume when the live policies cannot bring a retry back (every

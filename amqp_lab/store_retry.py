@@ -54,9 +54,10 @@ class StoreRetry:
         try:
             return retrying(operation)
         except StoreUnavailable as e:
+            why = "a stop was asked for" if self._stop.is_set() else f"for {self.outage:g} s"
             raise DedupStoreError(
-                f"the dedup store stayed unavailable ({e}); nothing was acked, the deliveries "
-                "will be redelivered"
+                f"the dedup store stayed unavailable ({why}: {e}); nothing was acked, the "
+                "deliveries will be redelivered"
             ) from e
 
     def _pause(self, seconds: float) -> None:

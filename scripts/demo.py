@@ -105,11 +105,13 @@ def main() -> int:
     }
     summary.append("worker: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
 
-    step("5. DLQ: listed without consuming, as JSON, and the depth alert")
+    step("5. DLQ: listed without consuming, as JSON, and the depth alert; health (no worker)")
     script("dlq.py")
     script("dlq.py", "--json")
     alert = script("dlq.py", "--alert-depth", "0", ok=(0, 2))
     summary.append(f"DLQ: {alert.stdout.strip()}")
+    health = script("health.py", ok=(0, 2))  # what mandatory cannot see: nobody consumes
+    summary.append(f"health: {health.stdout.strip().splitlines()[0]}")
 
     step("6. replay (explicit, never automatic): dry run, then all")
     script("replay.py", "--all", "--dry-run")

@@ -447,3 +447,16 @@ def test_retries_that_cannot_be_checked_are_refused(
     assert result.returncode == 1
     line = one_error_line(result.stderr)
     assert "cannot check the retry topology" in line and "--no-verify-topology" in line
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_waiting_for_the_queue_is_a_clean_stop(
+    vhost: BrokerSettings, tmp_path: Path
+) -> None:
+    proc = worker(vhost, tmp_path, "--wait-for-queue", "30")
+    with pytest.raises(Exception, match="timed out"):
+        proc.wait(3)  # waiting for q:tasks, which nobody declares
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc, 10)
+    assert code == 0, err
+    assert out.splitlines()[-1] == "worker stopped (SIGTERM received): 0 deliveries handled"
