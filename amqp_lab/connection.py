@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import pika
 import pika.exceptions as pe
 
+import amqp_lab.wire  # noqa: F401  - every content header of the process decodes losslessly
 from amqp_lab.errors import (
     AccessRefused,
     AmqpLabError,

@@ -128,8 +128,10 @@ class ConsumerConfig:
                 f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
                 "broker sends no more than prefetch unacked deliveries"
             )
-        if self.max_redeliveries < 1 or self.reconnect_attempts < 1:
-            raise ConfigurationError("max_redeliveries and reconnect_attempts must be >= 1")
+        if min(self.max_redeliveries, self.reconnect_attempts, self.dead_letter_attempts) < 1:
+            raise ConfigurationError(
+                "max_redeliveries, reconnect_attempts and dead_letter_attempts must be >= 1"
+            )
 
     def retry_expectations(self, vhost: str) -> RetryExpectations | None:
         """What the live topology must provide for this config (None: nothing to check)."""
@@ -179,11 +181,11 @@ class Consumer:
         self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
         self._consumed = False  # the queue existed once: missing later means deleted
         self._verified = False
-        self._park_reason = ""
+        self._parked: dict[int, str] = {}  # delivery tag -> why, on the current channel
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
         self._connection: Any = None
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
-        self._store = StoreRetry(self.config.store_outage, self._stop)
+        self._store = StoreRetry(self.config.store_outage)
 
     def stop(self, reason: str = "stop requested") -> None:
         """Drain and return (thread- and signal-safe): stop consuming (basic.cancel), let the
@@ -193,7 +195,8 @@ class Consumer:
         self._stop.set()
 
     def run(self) -> int:
-        """Consume until finished; return the number of deliveries handled.
+        """Consume until finished; return the number of deliveries handled. Call it once: a
+        consumer that returned has shut its handler thread down.
 
         Recoverable ends (see :func:`~amqp_lab.lifecycle.classify_end`) reconnect with capped
         full-jitter backoff; after ``reconnect_attempts`` connections in a row that settled
@@ -223,10 +226,10 @@ class Consumer:
                         "%s; reconnecting in %.1f s (%d/%d)", e, wait, budget.failures, budget.limit
                     )
                     self._stop.wait(wait)
-            if self.parked:
+            if self._parked:  # on the last connection: the DLQ never took them
                 raise DeadLetterFailed(
-                    f"{self.parked} deliveries could not be dead-lettered and went back to "
-                    f"queue {self.config.queue!r}: {self._park_reason}"
+                    f"{len(self._parked)} deliveries could not be dead-lettered and went back "
+                    f"to queue {self.config.queue!r}: {list(self._parked.values())[-1]}"
                 )
             return self.handled
         finally:
@@ -241,6 +244,7 @@ class Consumer:
         self.connections_opened += 1
         self._in_flight = 0  # what was in flight on the old connection will be redelivered
         self._multiple_ok = True
+        self._parked.clear()  # back in the queue with the old connection
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
@@ -418,8 +422,12 @@ class Consumer:
             if not d.redelivered:
                 fresh.append(d)
                 continue
+            message_id = d.task.message_id
+            if self._store.call(functools.partial(self.store.is_processed, message_id)):
+                d.duplicate = True  # committed already, its ack was lost: not a crash
+                continue
             count = self._store.call(
-                functools.partial(self.store.note_redelivery, d.task.message_id, d.now)
+                functools.partial(self.store.note_redelivery, message_id, d.now)
             )
             if count > limit:
                 d.error = PoisonMessage(
@@ -466,8 +474,8 @@ class Consumer:
                 )
             except DedupStoreError:
                 raise  # the store failed, not the handler: stop, nothing is acked
-            except Exception as e:  # the handler's error decides the settlement
-                d.error = e
+            except BaseException as e:  # the handler's error decides the settlement; even a
+                d.error = e  # sys.exit() in a handler is its failure, never the worker's success
 
     def _handle(
         self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
@@ -503,32 +511,47 @@ class Consumer:
                 self._wait(connection, future)
         finally:
             self._in_flight -= len(batch)
-        reports: list[DeliveryReport] = []
-        successes: list[Delivery] = []
+        reports: list[DeliveryReport | None] = []  # in delivery order; None: not settled
+        try:
+            self._settle_batch(connection, channel, batch, reports)
+        finally:  # what was settled is reported, even when a later settlement raised
+            for report in reports:
+                if report is not None:
+                    self.on_report(report)
+
+    def _settle_batch(
+        self,
+        connection: Any,
+        channel: Any,
+        batch: list[Delivery],
+        reports: list[DeliveryReport | None],
+    ) -> None:
+        successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
+        last: Delivery | None = None
         for d in batch:
             settlement = decide_settlement(
                 classify(d.error), d.attempt, d.redelivered, self.config.retry
             )
             self.handled += 1
             if settlement.action is Action.ACK:
-                successes.append(d)
-                reports.append(
-                    d.report("duplicate" if d.duplicate else "processed", settlement.attempts)
-                )
+                outcome = "duplicate" if d.duplicate else "processed"
+                successes.append((len(reports), d.report(outcome, settlement.attempts)))
+                reports.append(None)  # reported once acked
+                last = d
                 continue
             reports.append(self._settle_failure(connection, channel, d, settlement))
-        if successes:
-            if len(batch) > 1 and self._multiple_ok:
-                # every delivery up to the last success is a success or already settled above
-                last = successes[-1]
-                self._settle(
-                    channel, lambda: channel.basic_ack(last.delivery_tag, multiple=True), last
-                )
-            else:
-                for d in successes:
+        if last is None:
+            return
+        if len(batch) > 1 and self._multiple_ok:
+            # every delivery up to the last success is a success or already settled above
+            ack_all = functools.partial(channel.basic_ack, last.delivery_tag, multiple=True)
+            self._settle(channel, ack_all, last)
+        else:
+            for d in batch:
+                if d.error is None:  # the successes (processed or duplicate)
                     self._settle(channel, functools.partial(channel.basic_ack, d.delivery_tag), d)
-        for report in reports:
-            self.on_report(report)
+        for position, report in successes:
+            reports[position] = report
 
     def _settle_failure(
         self, connection: Any, channel: Any, d: Delivery, settlement: Settlement
@@ -584,19 +607,30 @@ class Consumer:
             self._park(d, e)
             return d.report("parked", settlement.attempts)
         self._settle(channel, lambda: channel.basic_ack(tag), d)
+        if isinstance(d.error, PoisonMessage) and d.message_id is not None:
+            self._forget_redeliveries(d.message_id)
         return d.report("dead-lettered", settlement.attempts)
+
+    def _forget_redeliveries(self, message_id: str) -> None:
+        """After a poison message reached the DLQ: its redelivery count starts over, so a replay
+        (once the handler is fixed) gets its full budget. Best effort, one try: this runs on the
+        I/O thread, which must not wait out a store outage."""
+        try:
+            self.store.reset_redeliveries(message_id)
+        except DedupStoreError as e:
+            log.warning("redelivery count of message_id=%s not reset: %s", message_id, e)
 
     def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
         """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and
-        it returns to the queue when this consumer stops. A channel full of parked deliveries
-        can make no progress: stop then."""
+        it returns to the queue when this connection closes (and comes back, to be tried
+        again). A channel full of parked deliveries can make no progress: stop then."""
         self.parked += 1
+        self._parked[d.delivery_tag] = str(error)
         self._multiple_ok = False
-        self._park_reason = str(error)
         log.warning("message_id=%s parked (left unacked): %s", d.message_id, error)
-        if self.parked >= self.config.prefetch:
+        if len(self._parked) >= self.config.prefetch:
             raise DeadLetterFailed(
-                f"{self.parked} deliveries parked, as many as the prefetch: the DLQ takes "
+                f"{len(self._parked)} deliveries parked, as many as the prefetch: the DLQ takes "
                 f"nothing ({error})"
             )
 

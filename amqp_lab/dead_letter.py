@@ -33,7 +33,6 @@ RECORD_CLASS = {
     Outcome.TRANSIENT: "transient",
     Outcome.UNKNOWN: "unknown",
     Outcome.POISON: "poison",
-    Outcome.SUCCESS: "success",
 }
 """The DLQ record's classification: ``unknown`` for an exception that is neither a business
 nor a transient error - retried like a transient one, but a bug, not an outage."""

@@ -96,6 +96,10 @@ class DedupStore(Protocol):
         and return how many there have been. ``now`` in epoch seconds."""
         ...
 
+    def reset_redeliveries(self, message_id: str) -> None:
+        """Forget ``message_id``'s redelivery count (after it was dead-lettered as poison)."""
+        ...
+
     def is_processed(self, message_id: str) -> bool: ...
 
     def close(self) -> None: ...
@@ -200,7 +204,7 @@ _ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript
 
 def run_in_savepoint(
     connection: Any, work: Callable[[Any], None], check: Callable[[], None]
-) -> Exception | None:
+) -> BaseException | None:
     """Run one handler of a batch: ``work`` gets a :class:`SavepointConnection`, then ``check()``
     (the store's test that the transaction is still usable) runs. Returns None after RELEASE, or
     the exception ``work`` or ``check`` raised after ROLLBACK TO. A DedupStoreError (the store
@@ -211,7 +215,7 @@ def run_in_savepoint(
         check()
     except DedupStoreError:
         raise
-    except Exception as e:  # the handler's error: roll back this delivery only
+    except BaseException as e:  # the handler's error (sys.exit() too): roll back this one only
         handler_db.rollback_savepoint()
         return e
     handler_db.release_savepoint()
@@ -425,6 +429,14 @@ class SqliteDedupStore:
         except sqlite3.Error as e:
             raise self._error(f"redelivery count of {message_id!r} failed in", e) from e
         return int(count)
+
+    def reset_redeliveries(self, message_id: str) -> None:
+        """See :class:`DedupStore`. Raises DedupStoreError."""
+        try:
+            with self._transaction() as db:
+                db.execute("DELETE FROM redeliveries WHERE message_id = ?", (message_id,))
+        except sqlite3.Error as e:
+            raise self._error(f"redelivery count of {message_id!r} not reset in", e) from e
 
     def is_processed(self, message_id: str) -> bool:
         """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""

@@ -270,6 +270,14 @@ class PostgresDedupStore:
         assert row is not None
         return int(row[0])
 
+    def reset_redeliveries(self, message_id: str) -> None:
+        """Forget ``message_id``'s redelivery count. Raises DedupStoreError."""
+        try:
+            with self._transaction("reset a redelivery count in") as db:
+                db.execute("DELETE FROM redeliveries WHERE message_id = %s", (message_id,))
+        except psycopg.Error as e:
+            raise self._error("reset a redelivery count in", e) from e
+
     def is_processed(self, message_id: str) -> bool:
         """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
         try:

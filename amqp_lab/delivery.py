@@ -68,8 +68,13 @@ class Delivery:
         return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
 
     def properties_dict(self) -> dict[str, Any]:
-        """The basic properties by name (headers and message_id apart)."""
-        return properties_of(self.properties)
+        """The basic properties by name (headers apart; message_id too, unless it is not
+        UTF-8 - then the record keeps its bytes here)."""
+        props = properties_of(self.properties)
+        raw_id = getattr(self.properties, "message_id", None)
+        if isinstance(raw_id, bytes):
+            props["message_id"] = raw_id
+        return props
 
 
 def prepare(
@@ -126,7 +131,7 @@ def _decode(
     d.task = Task(
         message_id=d.message_id,
         body=decode_body(d.body, content_type, max_body_bytes),
-        headers=d.headers,
+        headers=dict(d.headers),  # the handler's own copy: retries and records keep the original
         exchange=d.method.exchange,
         routing_key=d.method.routing_key,
         redelivered=d.redelivered,

@@ -174,11 +174,18 @@ def fallback_record(
     }
 
 
+def encode_record(record: dict[str, Any]) -> bytes:
+    """The record's JSON body: compact, sorted keys, ASCII - an exception message may hold a
+    lone surrogate (``surrogateescape``, ``os.fsdecode``) that UTF-8 cannot encode; JSON
+    escapes keep it. Never raises for a record built here."""
+    return json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+
+
 def record_message(record: dict[str, Any], dlx: str, routing_key: str) -> OutgoingMessage:
     """The message carrying ``record`` to the DLX: persistent, same message_id, type dlq-record,
     and an ``attempts`` header equal to the record's."""
     return OutgoingMessage(
-        body=encode_json(record),
+        body=encode_record(record),
         message_id=record.get("message_id") or "",
         exchange=dlx,
         routing_key=routing_key,

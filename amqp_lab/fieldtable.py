@@ -197,7 +197,8 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
     if tag == b"D":
         scale = buf[offset]
         (raw,) = struct.unpack_from(">i", buf, offset + 1)
-        return Decimal(raw).scaleb(-scale), offset + 5
+        digits = tuple(int(c) for c in str(abs(raw)))
+        return Decimal((int(raw < 0), digits, -scale)), offset + 5  # exact: no context rounding
     if tag == b"x":
         (length,) = _UNPACK_I(buf, offset)
         offset += 4
@@ -234,7 +235,10 @@ def encode_table(table: dict[Any, Any] | None, path: str = "headers") -> bytes:
     (RabbitMQ answers those with 541 INTERNAL_ERROR and closes the connection: checked on
     3.10.8 and 4.0.5)."""
     out = bytearray()
-    _encode_table(out, table or {}, path, 0)
+    try:
+        _encode_table(out, table or {}, path, 0)
+    except UnicodeEncodeError as e:  # a lone surrogate in a key or a string
+        raise FieldTableError(f"{path}: a string is not valid Unicode ({e.reason})") from e
     return bytes(out)
 
 

@@ -58,6 +58,11 @@ passed), ``user_id`` (the broker refuses one that is not the publishing user),
 
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+MAX_PROPERTIES_BYTES = 131_072 - 8 - 12
+"""The most encoded properties one content-header frame carries at pika's and RabbitMQ's
+default frame_max (131072, less 8 octets of frame and 12 of class, weight and body size).
+A larger header frame makes RabbitMQ close the whole connection (501 FRAME_ERROR
+frame_too_large; checked on 3.10.8 and 4.0.5)."""
 MAX_EXPIRATION_MS = 315_360_000_000
 """The largest per-message TTL RabbitMQ accepts (ten years in milliseconds; measured on 3.10.8
 and 4.0.5: one more is refused with 406 PRECONDITION_FAILED, which closes the channel)."""
@@ -106,7 +111,8 @@ class OutgoingMessage:
         UnencodableMessage (naming the message_id and the field) when the broker would refuse
         them by closing the channel, or pika could not encode them: ``expiration`` not a string
         of digits within 0..MAX_EXPIRATION_MS, ``priority`` outside 0..255, a short string over
-        255 bytes, a header value AMQP cannot carry (a set, an int beyond 64 bits...)."""
+        255 bytes, a header value AMQP cannot carry (a set, an int beyond 64 bits...),
+        properties larger than one frame (MAX_PROPERTIES_BYTES)."""
         if self.expiration is not None and not (
             isinstance(self.expiration, str)
             and self.expiration.isascii()
@@ -119,9 +125,18 @@ class OutgoingMessage:
                 self.message_id,
             )
         try:
-            return self.properties().seal()
+            sealed = self.properties().seal()
         except FieldTableError as e:
             raise UnencodableMessage(f"message_id={self.message_id!r}: {e}", self.message_id) from e
+        size = len(sealed.encode()[0])
+        if size > MAX_PROPERTIES_BYTES:
+            raise UnencodableMessage(
+                f"message_id={self.message_id!r}: its properties and headers take {size} bytes, "
+                f"more than one frame carries ({MAX_PROPERTIES_BYTES}): RabbitMQ would close "
+                "the connection (501 FRAME_ERROR)",
+                self.message_id,
+            )
+        return sealed
 
 
 def user_headers(headers: dict[Any, Any] | None) -> dict[Any, Any]:

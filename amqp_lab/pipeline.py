@@ -141,6 +141,7 @@ class PipelinedPublisher:
         self._incoming: collections.deque[_Item] = collections.deque()
         self._outstanding: collections.deque[_Item] = collections.deque()  # handed over, not sent
         self._unconfirmed: collections.OrderedDict[int, _Item] = collections.OrderedDict()
+        self._waiting: dict[int, _Item] = {}  # nacked, a retry scheduled (by id)
         self._wake_pending = threading.Event()
         self._closing = False
         self._connection: Any = None
@@ -243,11 +244,13 @@ class PipelinedPublisher:
                 if self._in_flight <= self.window // 2:
                     self._room.notify_all()
 
-    def close(self) -> None:
-        """Flush what is in flight (bounded), then close the connection and stop the I/O thread."""
+    def close(self, flush_timeout: float = 60) -> None:
+        """Wait up to ``flush_timeout`` seconds for what is in flight, then close the connection
+        and stop the I/O thread; a message still without an outcome (a nack retry waiting
+        included) fails with PublishFailed."""
         if self._connection is not None and self._failure is None and not self._closing:
             try:
-                self.flush(timeout=60)
+                self.flush(timeout=flush_timeout)
             except AmqpLabError as e:
                 log.warning("closing with messages unconfirmed: %s", e)
         self._closing = True
@@ -424,6 +427,7 @@ class PipelinedPublisher:
                 self._channel_reopens = 0
             elif item.tries < self.max_attempts:
                 wait = full_jitter(item.tries - 1, self.base, self.cap, random.uniform)
+                self._waiting[id(item)] = item
                 self._ioloop.call_later(wait, lambda i=item: self._retry(i))
             else:
                 outcomes.append(
@@ -446,17 +450,39 @@ class PipelinedPublisher:
         return items
 
     def _retry(self, item: _Item) -> None:
+        if self._waiting.pop(id(item), None) is None:
+            return  # resolved meanwhile (the publisher failed or closed)
         self._outstanding.appendleft(item)
         self._send()
 
     def _requeue_unconfirmed(self) -> None:
-        """Put every unconfirmed message back at the front, in order, to be sent again."""
+        """Put every unconfirmed message back at the front, in order, to be sent again - but
+        one already sent ``max_attempts`` times fails instead: a message that kills every
+        connection or channel it is sent on (a frame the broker refuses) must not be
+        republished forever."""
+        spent: list[tuple[_Item, AmqpLabError | None]] = []
         for _, item in sorted(self._unconfirmed.items(), reverse=True):
-            self._outstanding.appendleft(item)
+            if item.tries >= self.max_attempts:
+                error = PublishFailed(
+                    f"sent {item.tries} times; each time the connection or channel closed "
+                    "before the broker confirmed it",
+                    item.message.message_id,
+                )
+                spent.append((item, error))
+            else:
+                self._outstanding.appendleft(item)
         self._unconfirmed.clear()
+        if spent:
+            self._resolve(spent)
 
     def _fail_all(self, error: AmqpLabError) -> None:
-        pending = [*self._unconfirmed.values(), *self._outstanding, *self._incoming]
+        pending = [
+            *self._unconfirmed.values(),
+            *self._outstanding,
+            *self._incoming,
+            *self._waiting.values(),  # nacked, waiting for their retry
+        ]
+        self._waiting.clear()
         self._unconfirmed.clear()
         self._outstanding.clear()
         self._incoming.clear()

@@ -9,7 +9,6 @@ outage longer than the bound ends the consumer, with nothing acked.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -18,8 +17,6 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
-    stop_any,
-    stop_when_event_set,
     wait_random_exponential,
 )
 
@@ -33,35 +30,30 @@ T = TypeVar("T")
 
 class StoreRetry:
     """Calls store operations, retried with capped full-jitter backoff (0.2 s doubling, at most
-    5 s apart) while they raise StoreUnavailable, for at most ``outage`` seconds, or until
-    ``stop`` is set (a drain was asked for)."""
+    5 s apart) while they raise StoreUnavailable, for at most ``outage`` seconds. A drain
+    (SIGTERM) does not cut it short - the handler in flight is to finish and commit - but a
+    second signal ends the process at once."""
 
-    def __init__(self, outage: float, stop: threading.Event) -> None:
+    def __init__(self, outage: float) -> None:
         self.outage = outage
-        self._stop = stop
 
     def call(self, operation: Callable[[], T]) -> T:
         """``operation()``; raises DedupStoreError when the store stayed unavailable past the
         bound, and whatever else ``operation`` raises, unchanged."""
         retrying = Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
-            stop=stop_any(stop_after_delay(self.outage), stop_when_event_set(self._stop)),
+            stop=stop_after_delay(self.outage),
             wait=wait_random_exponential(multiplier=0.2, max=5),
-            sleep=self._pause,
             before_sleep=_warn,
             reraise=True,
         )
         try:
             return retrying(operation)
         except StoreUnavailable as e:
-            why = "a stop was asked for" if self._stop.is_set() else f"for {self.outage:g} s"
             raise DedupStoreError(
-                f"the dedup store stayed unavailable ({why}: {e}); nothing was acked, the "
-                "deliveries will be redelivered"
+                f"the dedup store stayed unavailable for {self.outage:g} s ({e}); nothing was "
+                "acked, the deliveries will be redelivered"
             ) from e
-
-    def _pause(self, seconds: float) -> None:
-        self._stop.wait(seconds)
 
 
 def _warn(state: RetryCallState) -> None:

@@ -4,11 +4,11 @@ pika decodes every content header with ``pika.spec.props[60]`` (BasicProperties)
 codec truncates floats to ints and raises OverflowError on a timestamp past year 9999, inside
 the frame decoder: the connection dies, the broker redelivers the message to the next consumer,
 and that one dies too (checked on pika 1.4.4 against RabbitMQ 3.10 and 4.0). Importing this
-module (:mod:`amqp_lab.connection` does) registers :class:`AmqpProperties` there instead, for the
-whole process: same attributes and behaviour as pika's class, every header value decoded, and a
-table that still cannot be decoded kept as raw bytes in ``undecodable_headers`` (with
-``headers`` None) rather than raising. The consumer dead-letters such a delivery as a business
-error instead of losing its connection.
+module (:mod:`amqp_lab.connection`, the pika boundary, does) registers :class:`AmqpProperties`
+there instead, for the whole process: same attributes and behaviour as pika's class, every
+header value decoded, and a table that still cannot be decoded kept as raw bytes in
+``undecodable_headers`` (with ``headers`` None) rather than raising. The consumer
+dead-letters such a delivery as a business error instead of losing its connection.
 """
 
 from __future__ import annotations
@@ -158,7 +158,15 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
 
 
 def _short(out: bytearray, value: Any, name: str) -> None:
-    raw = value.encode() if type(value) is str else bytes(value)
+    if isinstance(value, str):
+        try:
+            raw = value.encode()
+        except UnicodeEncodeError as e:
+            raise FieldTableError(f"property {name} is not valid Unicode: {e.reason}") from e
+    elif isinstance(value, bytes):
+        raw = value
+    else:
+        raise FieldTableError(f"property {name} must be a str, not {type(value).__name__}")
     if len(raw) > 255:
         raise FieldTableError(f"property {name} is longer than 255 bytes")
     out.append(len(raw))

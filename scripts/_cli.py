@@ -41,6 +41,10 @@ def settings_from_env(connection_name: str, **overrides: object) -> BrokerSettin
 
 def run(main: Callable[[], int]) -> None:
     """Run ``main``; an AmqpLabError becomes one masked line on stderr and exit 1."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a message must not crash us
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     logging.basicConfig(
         level=os.environ.get("EAI_LOG_LEVEL", "WARNING"),
         format="%(levelname)s %(name)s: %(message)s",

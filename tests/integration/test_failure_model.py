@@ -460,3 +460,75 @@ def test_sigterm_while_waiting_for_the_queue_is_a_clean_stop(
     code, out, err = finish(proc, 10)
     assert code == 0, err
     assert out.splitlines()[-1] == "worker stopped (SIGTERM received): 0 deliveries handled"
+
+
+# --- found in review: each a class of its own ---------------------------------------------------
+def _redeliver(settings: BrokerSettings, queue: str = "q:tasks") -> None:
+    """Take every message of ``queue`` without acking it and drop the connection: the broker
+    requeues them with redelivered=true."""
+    with open_channel(settings) as channel:
+        while channel.basic_get(queue, auto_ack=False)[0] is not None:
+            pass
+
+
+@pytest.mark.timeout(60)
+def test_an_already_committed_redelivery_is_a_duplicate_not_poison(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """A claim committed whose ack was lost, redelivered after more than max_redeliveries
+    counted crashes of other deliveries: acked as a duplicate, never dead-lettered as poison."""
+    store = SqliteDedupStore(tmp_path / "d.sqlite3")
+    store.process_once("m-done", lambda db: None)  # committed; its ack never arrived
+    for _ in range(5):
+        store.note_redelivery("m-done", time.time())
+    publish(topology, ("ok", "m-done"), ("ok", "m-new"))
+    _redeliver(topology)
+    reports: list[DeliveryReport] = []
+    config = ConsumerConfig(idle_exit=1.0, ack_batch=2, prefetch=4, max_redeliveries=1)
+    Consumer(topology, lab_handler, store, config, on_report=reports.append).run()
+    assert sorted((r.message_id, r.outcome) for r in reports) == [
+        ("m-done", "duplicate"),
+        ("m-new", "processed"),
+    ]
+    assert ready_count(topology, "q:tasks:dlq") == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_handler_calling_sys_exit_fails_its_message_not_the_worker(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """SystemExit is not an Exception: it used to travel up and end the worker with exit 0."""
+
+    def exits(task: Any, db: Any) -> None:
+        if task.message_id == "m-exit":
+            raise SystemExit(0)
+        lab_handler(task, db)
+
+    publish(topology, ("ok", "m-exit"), ("ok", "m-after"))
+    reports: list[DeliveryReport] = []
+    store = SqliteDedupStore(tmp_path / "d.sqlite3")
+    Consumer(topology, exits, store, ConsumerConfig(idle_exit=1.0), on_report=reports.append).run()
+    assert [(r.message_id, r.outcome) for r in reports] == [
+        ("m-exit", "requeued"),
+        ("m-after", "processed"),
+        ("m-exit", "dead-lettered"),
+    ]
+    ((_, _, body),) = get_all(topology, "q:tasks:dlq")
+    assert b'"type":"SystemExit"' in body and b'"classification":"unknown"' in body
+
+
+@pytest.mark.timeout(60)
+def test_an_error_message_with_a_lone_surrogate_still_reaches_the_dlq(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    def undecodable_error(task: Any, db: Any) -> None:
+        raise ValueError(b"bad \xff name".decode("utf-8", "surrogateescape"))
+
+    publish(topology, ("ok", "m-surrogate"))
+    reports: list[DeliveryReport] = []
+    store = SqliteDedupStore(tmp_path / "d.sqlite3")
+    config = ConsumerConfig(idle_exit=1.0)
+    Consumer(topology, undecodable_error, store, config, on_report=reports.append).run()
+    assert [r.outcome for r in reports] == ["requeued", "dead-lettered"]
+    ((_, _, body),) = get_all(topology, "q:tasks:dlq")
+    assert b"bad \\udcff name" in body  # kept, JSON-escaped

@@ -398,3 +398,36 @@ def test_consumer_and_pipelined_publisher_keep_the_invariant_through_faults(
     invalid = {f"m-{i}" for i in range(0, n, 25)}
     assert {m for m in confirmed if m in invalid} <= dead <= invalid
     assert consumer.connections_opened > 1 and publisher.reconnects > 0  # the faults bit
+
+
+@pytest.mark.timeout(60)
+def test_headers_larger_than_a_frame_fail_alone_instead_of_killing_the_connection(
+    topology: BrokerSettings,
+) -> None:
+    """RabbitMQ answers a header frame over frame_max by closing the whole connection (501);
+    such a message used to be republished on every reconnect, forever."""
+    huge = OutgoingMessage(body=b"{}", message_id="m-huge", headers={"pad": "x" * 140_000})
+    with PipelinedPublisher(topology, window=10) as publisher:
+        future = publisher.publish_async(huge)
+        publisher.publish(task_message("ok", 1, "m-ok"), timeout=30)
+        with pytest.raises(UnencodableMessage, match="more than one frame carries"):
+            future.result(10)
+        assert publisher.reconnects == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_publisher_closed_while_a_nack_retry_waits_resolves_it(vhost: BrokerSettings) -> None:
+    with open_channel(vhost) as channel:
+        channel.queue_declare(
+            "q:full", durable=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+        )
+    publisher = PipelinedPublisher(vhost, window=10, max_attempts=5, base=30, cap=30)
+    future = publisher.publish_async(
+        task_message("ok", 1, "m-nacked", exchange="", routing_key="q:full")
+    )
+    wait_for(lambda: publisher._waiting, what="nacked once, its retry waiting (up to 30 s)")
+    started = time.monotonic()
+    publisher.close(flush_timeout=1)
+    error = future.exception(10)
+    assert error is not None and "closed before the broker confirmed" in str(error)
+    assert time.monotonic() - started < 10

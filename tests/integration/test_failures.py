@@ -27,7 +27,7 @@ from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
 from tests.support import get_all, ready_count, run_script, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
 
 def record_effect(task: Task, db: Any) -> None:

@@ -18,7 +18,7 @@ from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
 from tests.support import get_all, lines_for, run_worker, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 WATERMARK = str(512 * 1024 * 1024)
 
 

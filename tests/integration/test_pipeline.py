@@ -30,7 +30,7 @@ from tests.brokers import TestBroker
 from tests.integration.test_memory_alarm import memory_alarm
 from tests.support import get_all, ready_count, wait_for, wait_ready_count
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
 
 def test_publish_many_confirms_every_message_in_order(topology: BrokerSettings) -> None:

@@ -279,3 +279,29 @@ def test_sealed_properties_survive_pika_framing_them_twice() -> None:
         == frames[1]
         == pika.frame.Header(1, 10, wire.AmqpProperties(message_id="m", headers={"a": 1})).marshal()
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"correlation_id": 5}, "correlation_id must be a str, not int"),
+        ({"message_id": "\udcff"}, "message_id is not valid Unicode"),
+        ({"headers": {"k": "\udcff"}}, "not valid Unicode"),
+        ({"headers": {"\udcff": 1}}, "not valid Unicode"),
+    ],
+)
+def test_non_strings_and_lone_surrogates_are_refused_not_mangled(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(FieldTableError, match=message):
+        wire.AmqpProperties(**kwargs).encode()
+
+
+def test_a_decimal_decodes_exactly_whatever_the_decimal_context() -> None:
+    import decimal
+
+    table = raw_table(key(b"d") + b"D" + struct.pack(">Bi", 2, 1234567890))
+    with decimal.localcontext(decimal.Context(prec=5)):
+        value = decode_table(table)[0]["d"]
+    assert str(value) == "12345678.90"
+    assert encode_table({"d": value}) == table

@@ -275,3 +275,16 @@ def test_header_attempts_rejects_non_integers(value: object, shown: str) -> None
     reason = f"header 'attempts' must be a non-negative integer, got {shown}"
     with pytest.raises(InvalidMessage, match=f"^{re.escape(reason)}$"):
         header_attempts({"attempts": value})
+
+
+def test_properties_larger_than_one_frame_are_refused_before_sending() -> None:
+    """RabbitMQ closes the whole connection (501 FRAME_ERROR) on a header frame over
+    frame_max; the message fails alone instead."""
+    from amqp_lab.errors import UnencodableMessage
+    from amqp_lab.message import MAX_PROPERTIES_BYTES
+
+    fits = OutgoingMessage(body=b"{}", message_id="m", headers={"pad": "x" * 100_000})
+    fits.sealed_properties()
+    big = OutgoingMessage(body=b"{}", message_id="m", headers={"pad": "x" * MAX_PROPERTIES_BYTES})
+    with pytest.raises(UnencodableMessage, match="more than one frame carries"):
+        big.sealed_properties()
