@@ -4,8 +4,9 @@
 2. A Docker engine is reachable: testcontainers' RabbitMqContainer with our rabbitmq.conf
    mounted. Image: ``AMQP_LAB_RABBITMQ_IMAGE`` if set, else for ``AMQP_LAB_RABBITMQ_VERSION``
    (3.10 by default, or 4.0) the official ``rabbitmq:<version>-management`` if present or
-   pullable, else the locally built ``amqp-lab/rabbitmq:bookworm`` / ``:trixie``
-   (scripts/build_test_image.sh).
+   pullable, else the locally built ``amqp-lab/rabbitmq:bookworm`` / ``:trixie``, which is built
+   on the spot (scripts/build_test_image.sh) when it does not exist yet; if that fails too,
+   the dedicated local node (3. below), with a visible warning.
 3. Otherwise a dedicated local node from the OS's rabbitmq-server (amqp_lab.local_broker), with
    a visible warning.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,7 +142,11 @@ def docker_reachable() -> bool:
         return False
 
 
-def _choose_image() -> str:
+def _choose_image(notes: list[str]) -> str:
+    """The image for the wanted version: AMQP_LAB_RABBITMQ_IMAGE, the official image (present
+    or pullable), the locally built one - built now, with scripts/build_test_image.sh, when
+    no registry answers and it does not exist yet (a note says so). Raises RuntimeError when
+    it cannot be built either."""
     import docker
 
     if os.environ.get("AMQP_LAB_RABBITMQ_IMAGE"):
@@ -158,19 +164,33 @@ def _choose_image() -> str:
             client.images.pull(official)
             return official
         except docker.errors.APIError as e:
-            raise RuntimeError(
-                f"no RabbitMQ image: {official} cannot be pulled ({e}) and {local} is not "
-                f"built; run: bash scripts/build_test_image.sh {suite} {local}"
-            ) from e
+            pull_error = e
     finally:
         client.close()
+    notes.append(
+        f"no RabbitMQ image: {official} cannot be pulled ({type(pull_error).__name__}); "
+        f"building {local} from Debian {suite} (scripts/build_test_image.sh, about a minute)"
+    )
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build_test_image.sh"), suite, local],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if built.returncode != 0:
+        raise RuntimeError(
+            f"no RabbitMQ image: {official} cannot be pulled and building {local} failed: "
+            + (built.stdout + built.stderr).strip()[-500:]
+        )
+    return local
 
 
 def from_testcontainers() -> TestBroker:
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.community.rabbitmq import RabbitMqContainer
 
-    image = _choose_image()
+    notes: list[str] = []
+    image = _choose_image(notes)
     container = (
         RabbitMqContainer(image)
         .with_exposed_ports(15672)
@@ -193,6 +213,7 @@ def from_testcontainers() -> TestBroker:
         ctl_fn=lambda *args: _exec_ok(container, ["rabbitmqctl", *args]),
         close_fn=container.stop,
     )
+    broker.notes.extend(notes)
     broker.notes.append(f"testcontainers RabbitMqContainer, image {image}")
     return broker
 
@@ -250,8 +271,14 @@ def start_test_broker() -> TestBroker:
         if not url:
             raise RuntimeError("AMQP_LAB_TEST_BROKER=env but EAI_AMQP_URL is unset")
         broker = from_env(url)
-    elif forced == "testcontainers" or (not forced and docker_reachable()):
+    elif forced == "testcontainers":
         broker = from_testcontainers()
+    elif not forced and docker_reachable():
+        try:
+            broker = from_testcontainers()
+        except RuntimeError as e:  # no image and none can be built: say so, use the local node
+            broker = from_local_node()
+            broker.notes.insert(0, f"WARNING: testcontainers NOT used ({e}); local node instead")
     else:
         broker = from_local_node()
         if not forced:
