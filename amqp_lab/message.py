@@ -16,6 +16,7 @@ from typing import Any
 
 from amqp_lab.errors import InvalidMessage, UnencodableMessage
 from amqp_lab.fieldtable import FieldTableError
+from amqp_lab.topology.model import Names
 from amqp_lab.wire import AmqpProperties
 
 JSON = "application/json"
@@ -74,8 +75,8 @@ class OutgoingMessage:
 
     body: bytes
     message_id: str
-    exchange: str = "tasks"
-    routing_key: str = "task"
+    exchange: str = ""  # AMQP's default exchange: name them (see message_for)
+    routing_key: str = ""
     content_type: str = JSON
     headers: dict[str, Any] = field(default_factory=dict)
     persistent: bool = True
@@ -193,41 +194,50 @@ def encode_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
-def task_message(
-    kind: str,
-    seq: int,
-    message_id: str | None = None,
+def message_for(
+    names: Names,
+    body: Any,
     *,
-    exchange: str = "tasks",
-    routing_key: str = "task",
-    persistent: bool = True,
+    message_id: str | None = None,
+    headers: dict[str, Any] | None = None,
+    content_type: str | None = None,
+    **properties: Any,
 ) -> OutgoingMessage:
-    """The lab task ``{"kind": kind, "seq": seq}`` with ``attempts: 0``; uuid4 if no id."""
+    """A message to the topology's work exchange and routing key (``names``): ``body`` as is
+    when it is bytes (content type ``application/octet-stream`` unless given), else as compact
+    JSON (``application/json``); a uuid4 message_id unless given; ``properties`` are further
+    :class:`OutgoingMessage` fields (priority, correlation_id...)."""
+    if isinstance(body, bytes | bytearray):
+        raw, default_type = bytes(body), "application/octet-stream"
+    else:
+        raw, default_type = encode_json(body), JSON
     return OutgoingMessage(
-        body=encode_json({"kind": kind, "seq": seq}),
+        body=raw,
         message_id=message_id or str(uuid.uuid4()),
-        exchange=exchange,
-        routing_key=routing_key,
-        headers={ATTEMPTS_HEADER: 0},
-        persistent=persistent,
+        exchange=names.exchange,
+        routing_key=names.routing_key,
+        content_type=content_type or default_type,
+        headers=dict(headers or {}),
+        **properties,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A decoded task delivery, handed to the handler."""
+    """A delivery, handed to the handler: ``body`` is the decoded JSON value for a JSON
+    content type (or none), else the raw bytes; ``headers`` the publisher's (a copy);
+    ``attempt`` 1 on the first delivery (see ``consuming.settlement.attempt_number``). The
+    library imposes no schema on the body: that is the handler's to check (raise
+    BusinessError for a body it cannot use)."""
 
     message_id: str
-    body: dict[str, Any]
+    body: Any
     headers: dict[str, Any]
     exchange: str
     routing_key: str
     redelivered: bool
-    attempt: int  # 1 on the first delivery; see settlement.attempt_number
-
-    @property
-    def kind(self) -> str:
-        return str(self.body.get("kind", ""))
+    attempt: int
+    content_type: str | None = None
 
 
 def header_attempts(headers: dict[str, Any] | None) -> int:
@@ -239,32 +249,34 @@ def header_attempts(headers: dict[str, Any] | None) -> int:
     return value
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether a body of this content type is read as JSON: none given, ``application/json``
+    (with parameters) or a ``+json`` type."""
+    if not content_type:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == JSON or media.endswith("+json")
+
+
 def decode_body(
     body: bytes, content_type: str | None, max_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> dict[str, Any]:
-    """Decode a task body: a UTF-8 JSON object whose ``kind`` is a string.
-
-    Raises InvalidMessage with the reason (empty, too large, unknown content type, not UTF-8,
-    not JSON, not an object, bad ``kind``).
-    """
-    if content_type not in (None, "", JSON) and not content_type.startswith(JSON + ";"):
-        raise InvalidMessage(f"unsupported content_type {content_type!r}, expected {JSON}")
-    if not body:
-        raise InvalidMessage("empty body")
+) -> Any:
+    """The body as the handler receives it: the parsed JSON value for a JSON content type
+    (:func:`is_json`), else the bytes. Raises InvalidMessage with the reason: too large, and
+    for JSON empty, not UTF-8, not JSON or nested too deeply."""
     if len(body) > max_bytes:
         raise InvalidMessage(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
+    if not is_json(content_type):
+        return body
+    if not body:
+        raise InvalidMessage("empty body")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidMessage(f"body is not UTF-8: {e.reason} at byte {e.start}") from e
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
         raise InvalidMessage(f"body is not JSON: {e}") from e
     except RecursionError as e:
         raise InvalidMessage("body is JSON nested too deeply") from e
-    if not isinstance(value, dict):
-        raise InvalidMessage(f"body must be a JSON object, got {type(value).__name__}")
-    if not isinstance(value.get("kind"), str):
-        raise InvalidMessage("body field 'kind' must be a string")
-    return value

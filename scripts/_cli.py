@@ -1,69 +1,32 @@
-"""Shared plumbing for the scripts: the environment, one-line errors, exit codes.
-
-Only scripts read environment variables: EAI_AMQP_URL (required; the vhost is its path) and
-EAI_MGMT_URL (optional; defaults to the AMQP host on port 15672 with the same credentials).
-"""
+"""The scripts' shared plumbing: amqp_lab's command-line helpers, and the repository root on
+sys.path so the scripts can import the lab (``lab/``), which is not part of the package."""
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from amqp_lab.errors import AmqpLabError, ConfigurationError
-from amqp_lab.settings import BrokerSettings, mask_url
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_ALERT = 2
-EXIT_UNROUTABLE = 3
-EXIT_CANNOT_RESTART = 4
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+from amqp_lab.cli.common import (  # noqa: E402
+    EXIT_ALERT,
+    EXIT_CANNOT_RESTART,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNROUTABLE,
+    run,
+    settings_from_env,
+)
 
-def settings_from_env(connection_name: str, **overrides: object) -> BrokerSettings:
-    """BrokerSettings from EAI_AMQP_URL / EAI_MGMT_URL; raises ConfigurationError if unset."""
-    url = os.environ.get("EAI_AMQP_URL")
-    if not url:
-        raise ConfigurationError(
-            "EAI_AMQP_URL is not set: set it to an amqp:// or amqps:// URL whose path is the vhost "
-            '(or run: eval "$(python scripts/broker.py env)")'
-        )
-    return BrokerSettings(
-        amqp_url=url,
-        management_url=os.environ.get("EAI_MGMT_URL") or None,
-        connection_name=connection_name,
-        **overrides,  # type: ignore[arg-type]
-    )
-
-
-def run(main: Callable[[], int]) -> None:
-    """Run ``main``; an AmqpLabError becomes one masked line on stderr and exit 1."""
-    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a message must not crash us
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
-    logging.basicConfig(
-        level=os.environ.get("EAI_LOG_LEVEL", "WARNING"),
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # pika logs basic.return at WARNING and failed connection attempts with tracebacks at
-    # ERROR; the scripts report both themselves, as one line each.
-    logging.getLogger("pika").setLevel(logging.CRITICAL)
-    try:
-        code = main()
-    except AmqpLabError as e:
-        print(f"error: {mask_url(str(e))}", file=sys.stderr)
-        code = EXIT_FAILED
-    except KeyboardInterrupt:
-        code = 130
-    except Exception as e:  # a bug: still one line (EAI_TRACEBACK=1 shows the traceback)
-        if os.environ.get("EAI_TRACEBACK"):
-            raise
-        text = " ".join(str(e).split())
-        print(f"error: unexpected {type(e).__name__}: {mask_url(text)}", file=sys.stderr)
-        code = EXIT_FAILED
-    sys.exit(code)
+__all__ = [
+    "EXIT_ALERT",
+    "EXIT_CANNOT_RESTART",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_UNROUTABLE",
+    "ROOT",
+    "run",
+    "settings_from_env",
+]

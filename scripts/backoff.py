@@ -15,7 +15,7 @@ import random
 
 from _cli import EXIT_OK, run
 
-from amqp_lab.backoff import capped, full_jitter
+from amqp_lab.retry.policy import capped, full_jitter
 
 
 def attempt_range(text: str) -> range:

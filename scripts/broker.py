@@ -14,7 +14,7 @@ import argparse
 
 from _cli import EXIT_FAILED, EXIT_OK, run
 
-from amqp_lab.local_broker import LocalBroker
+from lab.local_broker import LocalBroker
 
 
 def main() -> int:

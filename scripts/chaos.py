@@ -25,11 +25,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _chaos_pool import Closer, PublisherThread, WorkerPool, connection_name, wait_visible
-from _chaos_worker import QUEUE, run_worker
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
-from amqp_lab.chaos import (
+from amqp_lab.dedup import ManagedDedupStore, open_store, store_kind
+from amqp_lab.dlq.ops import browse, depth
+from amqp_lab.errors import ConfigurationError
+from amqp_lab.management import ManagementClient
+from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import apply_topology, load_topology
+from lab.chaos import (
     Event,
     OutputTally,
     create_ledger,
@@ -38,12 +42,8 @@ from amqp_lab.chaos import (
     read_ledger,
     summarize,
 )
-from amqp_lab.dedup import ManagedDedupStore, open_store, store_kind
-from amqp_lab.dlq import browse, depth
-from amqp_lab.errors import ConfigurationError
-from amqp_lab.management import ManagementClient
-from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology import apply_topology, load_topology
+from lab.chaos_pool import Closer, PublisherThread, WorkerPool, connection_name, wait_visible
+from lab.chaos_worker import QUEUE, run_worker
 
 EXIT_INVARIANT = 5
 STALL = 2.0  # seconds without a new delivery after publishing: fire the remaining events

@@ -18,15 +18,15 @@ from _cli import EXIT_OK, run, settings_from_env
 from worker import MAX_ATTEMPTS, MAX_CAP, default_dedup_path
 
 from amqp_lab.dedup import open_store
-from amqp_lab.dlq_record import utc_iso
-from amqp_lab.retention import (
+from amqp_lab.dedup.retention import (
     DAY,
     DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION,
     check_retention,
     cutoff,
 )
-from amqp_lab.settlement import RetryPolicy
+from amqp_lab.dlq.record import utc_iso
+from amqp_lab.retry.policy import RetryPolicy
 
 # The longest horizon any worker can have: every wait queue at the largest cap.
 LONGEST_POLICY = RetryPolicy("backoff", MAX_ATTEMPTS, MAX_CAP, MAX_CAP)

@@ -15,9 +15,9 @@ import uuid
 
 from _cli import ROOT, run
 
-from amqp_lab.local_broker import LocalBroker
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
+from lab.local_broker import LocalBroker
 
 DEMO_VHOST = "amqp-lab-demo"
 summary: list[str] = []

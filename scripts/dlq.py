@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
 
-from amqp_lab.dlq import DLQ, browse, depth
-from amqp_lab.dlq_record import summarize
+from amqp_lab.dlq.ops import DLQ, browse, depth
+from amqp_lab.dlq.record import summarize
 
 
 def progress(n: int) -> None:

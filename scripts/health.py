@@ -12,7 +12,7 @@ import argparse
 
 from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
 
-from amqp_lab.dlq import DLQ
+from amqp_lab.dlq.ops import DLQ
 from amqp_lab.health import health_problems, queue_health
 
 

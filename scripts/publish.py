@@ -13,9 +13,8 @@ import uuid
 from _cli import EXIT_FAILED, EXIT_OK, EXIT_UNROUTABLE, run, settings_from_env
 
 from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
-from amqp_lab.lab import KINDS
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher, PublishRetry
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
+from lab.handler import KINDS, task_message
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from _cli import EXIT_FAILED, EXIT_OK, ROOT, run, settings_from_env
 
-from amqp_lab.dlq import DLQ, ReplayResult, replay
-from amqp_lab.dlq_record import Selection, utc_iso
+from amqp_lab.dlq.ops import DLQ, ReplayResult, replay
+from amqp_lab.dlq.record import Selection, utc_iso
 
 
 def iso_time(text: str) -> datetime:

@@ -15,9 +15,9 @@ import subprocess
 
 from _cli import EXIT_CANNOT_RESTART, EXIT_OK, ROOT, run, settings_from_env
 
-from amqp_lab.durability import run_restart_demo
-from amqp_lab.local_broker import LocalBroker, LocalBrokerError
 from amqp_lab.settings import BrokerSettings
+from lab.durability import run_restart_demo
+from lab.local_broker import LocalBroker, LocalBrokerError
 
 
 def compose_running() -> bool:

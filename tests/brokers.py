@@ -7,7 +7,7 @@
    pullable, else the locally built ``amqp-lab/rabbitmq:bookworm`` / ``:trixie``, which is built
    on the spot (scripts/build_test_image.sh) when it does not exist yet; if that fails too,
    the dedicated local node (3. below), with a visible warning.
-3. Otherwise a dedicated local node from the OS's rabbitmq-server (amqp_lab.local_broker), with
+3. Otherwise a dedicated local node from the OS's rabbitmq-server (lab.local_broker), with
    a visible warning.
 
 ``AMQP_LAB_TEST_BROKER=env|testcontainers|local`` forces one of them.
@@ -27,9 +27,9 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from amqp_lab.local_broker import LocalBroker
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
+from lab.local_broker import LocalBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 # AMQP_LAB_RABBITMQ_VERSION -> (official image, locally built image, Debian suite to build it)

@@ -14,9 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import load_topology
+from lab.handler import task_message
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,3 +162,7 @@ def one_error_line(stderr: str) -> str:
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, stderr
     return errors[0]
+
+
+NAMES = load_topology().names
+"""The roles of the lab topology (topology/definitions.json, packaged with amqp_lab)."""

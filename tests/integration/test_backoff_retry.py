@@ -14,16 +14,17 @@ import pika
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.dlq_record import record_message
+from amqp_lab.dlq.record import record_message
 from amqp_lab.errors import TransientError
-from amqp_lab.message import Task, task_message
-from amqp_lab.publisher import Publisher
-from amqp_lab.retry import wait_bound
+from amqp_lab.message import Task
+from amqp_lab.publishing.blocking import Publisher
+from amqp_lab.retry.broker_held import wait_bound
+from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import RetryPolicy
-from tests.support import get_all, lines_for, publish, ready_count, run_script, run_worker
+from lab.handler import task_message
+from tests.support import NAMES, get_all, lines_for, publish, ready_count, run_script, run_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 WAIT_QUEUES = [f"q:tasks:wait:{n}" for n in range(1, 10)]
@@ -87,7 +88,7 @@ def run_consumer(
         settings,
         handler,
         store,
-        ConsumerConfig(prefetch=10, idle_exit=idle, retry=policy),
+        ConsumerConfig(NAMES, prefetch=10, idle_exit=idle, retry=policy),
         on_report=reports.append,
         uniform=uniform,
     ).run()

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from amqp_lab.dedup import open_store
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
+from lab.handler import task_message
 from tests.pgsupport import temp_database
 from tests.support import ready_count, run_script
 

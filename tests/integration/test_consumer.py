@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
 from tests.support import (
+    NAMES,
     ROOT,
     get_all,
     lines_for,
@@ -122,7 +123,11 @@ def test_prefetch_bounds_unacked_deliveries(topology: BrokerSettings, tmp_path: 
 
     store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
     consumer = Consumer(
-        topology, held, store, ConsumerConfig(prefetch=5, idle_exit=1.0), on_report=lambda r: None
+        topology,
+        held,
+        store,
+        ConsumerConfig(NAMES, prefetch=5, idle_exit=1.0),
+        on_report=lambda r: None,
     )
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
@@ -147,9 +152,10 @@ def test_prefetch_bounds_unacked_deliveries(topology: BrokerSettings, tmp_path: 
 
 KILLABLE_CONSUMER = textwrap.dedent("""
     import sys, time
-    from amqp_lab.consumer import Consumer, ConsumerConfig
+    from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
     from amqp_lab.dedup import SqliteDedupStore
     from amqp_lab.settings import BrokerSettings
+    from amqp_lab.topology import load_topology
     import os
 
     def handler(task, db):
@@ -157,7 +163,8 @@ KILLABLE_CONSUMER = textwrap.dedent("""
         time.sleep(600)
 
     settings = BrokerSettings(os.environ["EAI_AMQP_URL"], os.environ.get("EAI_MGMT_URL"))
-    Consumer(settings, handler, SqliteDedupStore(sys.argv[1]), ConsumerConfig(prefetch=1)).run()
+    config = ConsumerConfig(load_topology().names, prefetch=1)
+    Consumer(settings, handler, SqliteDedupStore(sys.argv[1]), config).run()
 """)
 
 
@@ -200,7 +207,11 @@ def test_heartbeats_flow_while_a_long_handler_runs(
     settings = BrokerSettings(topology.amqp_url, topology.management_url, heartbeat=2)
     store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
     consumer = Consumer(
-        settings, slow, store, ConsumerConfig(prefetch=1, idle_exit=1.0), on_report=reports.append
+        settings,
+        slow,
+        store,
+        ConsumerConfig(NAMES, prefetch=1, idle_exit=1.0),
+        on_report=reports.append,
     )
     assert consumer.run() == 1
     assert consumer.connections_opened == 1

@@ -21,9 +21,9 @@ import pytest
 
 from amqp_lab.dedup import ManagedDedupStore, open_store, placeholder_for
 from amqp_lab.errors import DedupStoreError, TransientError
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
+from lab.handler import task_message
 from tests.pgsupport import temp_database
 from tests.support import (
     ROOT,

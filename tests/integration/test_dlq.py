@@ -113,7 +113,7 @@ def test_replay_of_reject_mode_message_strips_x_death(
 
 
 def test_failed_replay_keeps_the_dlq_copy(dead: BrokerSettings) -> None:
-    from amqp_lab.dlq import replay
+    from amqp_lab.dlq.ops import replay
 
     results = replay(dead, lambda e: e.message_id == "m-bad", exchange="no-such-exchange")
     assert [(r.entry.message_id, r.status) for r in results] == [("m-bad", "failed")]

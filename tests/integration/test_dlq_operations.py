@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.dlq import replay
-from amqp_lab.dlq_record import Selection, build_record, record_message
+from amqp_lab.dlq.ops import replay
+from amqp_lab.dlq.record import Selection, build_record, record_message
 from amqp_lab.errors import BusinessError
 from amqp_lab.message import Task, encode_json
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
-from tests.support import ready_count, run_script, wait_ready_count
+from tests.support import NAMES, ready_count, run_script, wait_ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +147,7 @@ def test_replaying_a_message_twice_applies_it_once(
         topology,
         fixed_handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(idle_exit=1.0),
+        ConsumerConfig(NAMES, idle_exit=1.0),
         on_report=reports.append,
     ).run()
     assert [r.outcome for r in reports] == ["processed", "duplicate"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_lab.durability import run_restart_demo
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import load_topology, verify_topology
+from lab.durability import run_restart_demo
 from tests.brokers import TestBroker
 from tests.support import run_script
 

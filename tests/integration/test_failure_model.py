@@ -22,18 +22,19 @@ from typing import Any
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.fieldtable import TaggedInt
-from amqp_lab.lab import CRASH_EXIT_CODE, lab_handler
-from amqp_lab.message import OutgoingMessage, encode_json, task_message
-from amqp_lab.publisher import Publisher
+from amqp_lab.message import OutgoingMessage, encode_json
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology
+from lab.handler import CRASH_EXIT_CODE, lab_handler, task_message
 from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.support import (
+    NAMES,
     consumer_count,
     get_all,
     lines_for,
@@ -101,7 +102,7 @@ def test_broker_cancel_resubscribes_when_the_queue_comes_back(
         topology,
         lab_handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(resubscribe_wait=30),
+        ConsumerConfig(NAMES, resubscribe_wait=30),
         on_report=reports.append,
     )
     running = Running(consumer)
@@ -262,7 +263,7 @@ def test_connections_that_die_before_settling_anything_exhaust_the_budget(
             through(topology, proxy.port),
             lab_handler,
             SqliteDedupStore(tmp_path / "d.sqlite3"),
-            ConsumerConfig(reconnect_attempts=3),
+            ConsumerConfig(NAMES, reconnect_attempts=3),
         )
         started = time.monotonic()
         with pytest.raises(BrokerConnectionError, match="gave up after 3 connections in a row"):
@@ -484,7 +485,7 @@ def test_an_already_committed_redelivery_is_a_duplicate_not_poison(
     publish(topology, ("ok", "m-done"), ("ok", "m-new"))
     _redeliver(topology)
     reports: list[DeliveryReport] = []
-    config = ConsumerConfig(idle_exit=1.0, ack_batch=2, prefetch=4, max_redeliveries=1)
+    config = ConsumerConfig(NAMES, idle_exit=1.0, ack_batch=2, prefetch=4, max_redeliveries=1)
     Consumer(topology, lab_handler, store, config, on_report=reports.append).run()
     assert sorted((r.message_id, r.outcome) for r in reports) == [
         ("m-done", "duplicate"),
@@ -507,7 +508,9 @@ def test_a_handler_calling_sys_exit_fails_its_message_not_the_worker(
     publish(topology, ("ok", "m-exit"), ("ok", "m-after"))
     reports: list[DeliveryReport] = []
     store = SqliteDedupStore(tmp_path / "d.sqlite3")
-    Consumer(topology, exits, store, ConsumerConfig(idle_exit=1.0), on_report=reports.append).run()
+    Consumer(
+        topology, exits, store, ConsumerConfig(NAMES, idle_exit=1.0), on_report=reports.append
+    ).run()
     assert [(r.message_id, r.outcome) for r in reports] == [
         ("m-exit", "requeued"),
         ("m-after", "processed"),
@@ -527,7 +530,7 @@ def test_an_error_message_with_a_lone_surrogate_still_reaches_the_dlq(
     publish(topology, ("ok", "m-surrogate"))
     reports: list[DeliveryReport] = []
     store = SqliteDedupStore(tmp_path / "d.sqlite3")
-    config = ConsumerConfig(idle_exit=1.0)
+    config = ConsumerConfig(NAMES, idle_exit=1.0)
     Consumer(topology, undecodable_error, store, config, on_report=reports.append).run()
     assert [r.outcome for r in reports] == ["requeued", "dead-lettered"]
     ((_, _, body),) = get_all(topology, "q:tasks:dlq")

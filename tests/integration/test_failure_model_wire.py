@@ -20,32 +20,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.dlq import browse, replay
+from amqp_lab.dlq.ops import browse, replay
 from amqp_lab.errors import (
     MessageUnroutable,
     PreconditionFailed,
     UnencodableMessage,
 )
 from amqp_lab.fieldtable import TaggedInt, encode_table, tagged_int
-from amqp_lab.lab import lab_handler
 from amqp_lab.message import (
     BOOKKEEPING_HEADERS,
     BROKER_HEADERS,
     OutgoingMessage,
     encode_json,
-    task_message,
 )
-from amqp_lab.pipeline import PipelinedPublisher
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
+from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology
+from lab.handler import lab_handler, task_message
 from tests.amqp_values import field_tables, same
 from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.support import (
+    NAMES,
     consumer_count,
     get_all,
     one_error_line,
@@ -175,7 +175,7 @@ def test_every_field_type_survives_dlq_and_replay_on_the_broker(
             OutgoingMessage(body=b"\x00" + body, message_id=message_id, headers=headers)
         )
     store = SqliteDedupStore(tmp_path_factory.mktemp("d") / "d.sqlite3")
-    Consumer(topology, lab_handler, store, ConsumerConfig(idle_exit=0.5)).run()
+    Consumer(topology, lab_handler, store, ConsumerConfig(NAMES, idle_exit=0.5)).run()
     get_all(topology, "q:tasks:audit")
     (result,) = replay(topology, lambda entry: True)
     assert result.status == "replayed"
@@ -338,7 +338,7 @@ def test_consumer_and_pipelined_publisher_keep_the_invariant_through_faults(
             through(topology, con_proxy.port, heartbeat=2),
             lab_handler,
             store,
-            ConsumerConfig(prefetch=20, ack_batch=5, reconnect_attempts=50),
+            ConsumerConfig(NAMES, prefetch=20, ack_batch=5, reconnect_attempts=50),
             on_report=reports.append,
         )
         running = Running(consumer)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from amqp_lab.errors import BrokerBlocked
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher, PublishRetry
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
+from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import get_all, lines_for, run_worker, wait_for
 

@@ -10,9 +10,9 @@ import pytest
 from amqp_lab.connection import open_channel
 from amqp_lab.errors import MessageNacked, MessageUnroutable, NotFound
 from amqp_lab.management import ManagementClient
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher, PublishRetry
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
+from lab.handler import task_message
 from tests.support import get_all, parse_lines, ready_count, run_script, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]

@@ -14,17 +14,17 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.dedup_postgres import PostgresDedupStore
+from amqp_lab.dedup.postgres import PostgresDedupStore
 from amqp_lab.errors import DedupStoreError
-from amqp_lab.lab import lab_handler
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
+from lab.handler import lab_handler
 from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.pgsupport import temp_database
-from tests.support import publish, ready_count, wait_for
+from tests.support import NAMES, publish, ready_count, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -66,7 +66,7 @@ def test_postgres_cut_off_and_back_loses_nothing_and_applies_once(
             topology,
             _slow_lab(0.05),
             store,
-            ConsumerConfig(store_outage=60),
+            ConsumerConfig(NAMES, store_outage=60),
             on_report=reports.append,
         )
         running = Running(consumer)
@@ -100,7 +100,7 @@ def test_postgres_session_terminated_mid_handler_is_retried(
         time.sleep(1)  # the session is terminated here, inside the transaction
 
     running = Running(
-        Consumer(topology, handler, store, ConsumerConfig(), on_report=reports.append)
+        Consumer(topology, handler, store, ConsumerConfig(NAMES), on_report=reports.append)
     )
     publish(topology, ("ok", "m-1"), ("ok", "m-2"))
     assert in_handler.wait(20)
@@ -132,7 +132,7 @@ def test_a_store_down_past_its_bound_stops_the_consumer_without_acking(
         proxy.refuse()
         proxy.cut()
         publish(topology, *[("ok", f"m-{i}") for i in range(3)])
-        consumer = Consumer(topology, lab_handler, store, ConsumerConfig(store_outage=3))
+        consumer = Consumer(topology, lab_handler, store, ConsumerConfig(NAMES, store_outage=3))
         started = time.monotonic()
         with pytest.raises(DedupStoreError, match="stayed unavailable"):
             consumer.run()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_lab.backoff import capped, exponential, full_jitter
+from amqp_lab.retry.policy import capped, exponential, full_jitter
 
 pytestmark = pytest.mark.unit
 

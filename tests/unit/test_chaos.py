@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from amqp_lab.chaos import (
+from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.errors import DedupStoreError
+from amqp_lab.message import Task
+from lab.chaos import (
     Event,
     OutputTally,
     create_ledger,
@@ -19,9 +22,6 @@ from amqp_lab.chaos import (
     read_ledger,
     summarize,
 )
-from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.errors import DedupStoreError
-from amqp_lab.message import Task
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.dedup import SqliteDedupStore, placeholder_for
+from amqp_lab.dedup import HandlerDb, SqliteDedupStore, placeholder_for
 from amqp_lab.errors import DedupStoreError
 
 pytestmark = pytest.mark.unit
@@ -74,10 +74,10 @@ def test_different_ids_are_independent(store: SqliteDedupStore) -> None:
     ]
 
 
-def test_work_receives_the_store_connection(store: SqliteDedupStore) -> None:
+def test_work_receives_the_stores_handler_db(store: SqliteDedupStore) -> None:
     seen: list[Any] = []
     store.process_once("m-1", seen.append)
-    assert [type(db) for db in seen] == [sqlite3.Connection]
+    assert [(type(db), db.dialect) for db in seen] == [(HandlerDb, "sqlite")]
 
 
 def test_failed_work_re_raises(store: SqliteDedupStore) -> None:
@@ -192,7 +192,7 @@ def _note(text: str) -> Any:
 def _statements(store: SqliteDedupStore) -> list[str]:
     """Record every SQL statement the store's connection runs from now on."""
     seen: list[str] = []
-    store._db.set_trace_callback(seen.append)
+    store._connection().set_trace_callback(seen.append)  # this thread's connection
     return seen
 
 

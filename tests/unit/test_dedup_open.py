@@ -63,4 +63,4 @@ def test_open_store_opens_sqlite_for_a_sqlite_url(tmp_path: Path) -> None:
 def test_placeholder_for_a_sqlite_connection_and_anything_else() -> None:
     with closing(sqlite3.connect(":memory:")) as db:
         assert placeholder_for(db) == "?"
-    assert placeholder_for(object()) == "%s"
+    assert placeholder_for(object()) == "?"  # a HandlerDb takes ? in every store

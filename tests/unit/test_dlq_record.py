@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_lab.dlq_record import (
+from amqp_lab.dlq.record import (
     MAX_PAYLOAD_DEPTH,
     RECORD_TYPE,
     DlqEntry,

@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from amqp_lab.consuming.lifecycle import End, ReconnectBudget, SignalDrain, classify_end
 from amqp_lab.errors import (
     AccessRefused,
     AuthenticationFailed,
@@ -24,7 +25,6 @@ from amqp_lab.errors import (
     RetryTopologyError,
     VhostAccessDenied,
 )
-from amqp_lab.lifecycle import End, ReconnectBudget, SignalDrain, classify_end
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amqp_lab.dedup import Purged, StoreStats
-from amqp_lab.errors import ConfigurationError, DedupStoreError
-from amqp_lab.retention import (
+from amqp_lab.dedup.retention import (
     DAY,
     DEFAULT_REPLAY_WINDOW,
     DEFAULT_RETENTION,
@@ -21,7 +20,8 @@ from amqp_lab.retention import (
     purge_expired,
     retry_horizon,
 )
-from amqp_lab.settlement import RetryPolicy
+from amqp_lab.errors import ConfigurationError, DedupStoreError
+from amqp_lab.retry.policy import RetryPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from amqp_lab.message import ATTEMPTS_HEADER, JSON
-from amqp_lab.retry import retry_copy
-from amqp_lab.retry_topology import RetryExpectations, problems, topic_matches
+from amqp_lab.retry.broker_held import retry_copy
+from amqp_lab.topology.retry_check import RetryExpectations, problems, topic_matches
 
 pytestmark = pytest.mark.unit
 
@@ -136,7 +136,7 @@ def _copy(headers: dict[str, Any], exchange: str = "tasks", routing_key: str = "
         headers=headers,
         exchange=exchange,
         routing_key=routing_key,
-        queue="q:tasks",
+        wait_queue="q:tasks:wait:2",
         attempts=2,
         first_seen_at="2026-11-29T17:40:00.000Z",
         wait=1.5,

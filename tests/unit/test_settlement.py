@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
-from amqp_lab.settlement import (
+from amqp_lab.consuming.settlement import (
     Action,
     Outcome,
     RetryPolicy,
@@ -17,6 +16,7 @@ from amqp_lab.settlement import (
     classify,
     decide,
 )
+from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
 
 pytestmark = pytest.mark.unit
 

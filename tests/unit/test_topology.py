@@ -16,14 +16,14 @@ from amqp_lab.topology import (
     Policy,
     Queue,
     Topology,
-    _expected_policy_per_queue,
     load_topology,
     topology_from_definitions,
 )
+from amqp_lab.topology.model import expected_policy_per_queue
 
 pytestmark = pytest.mark.unit
 
-DEFINITIONS = Path(__file__).resolve().parents[2] / "topology" / "definitions.json"
+DEFINITIONS = Path(__file__).resolve().parents[2] / "amqp_lab" / "topology" / "definitions.json"
 
 DLX_POLICY = Policy(
     "q-tasks-dlx",
@@ -257,9 +257,9 @@ def test_list_where_an_object_belongs_raises_topology_error(tmp_path: Path, data
         load_topology(_write(tmp_path, data))
 
 
-# --- _expected_policy_per_queue ------------------------------------------------------------------
+# --- expected_policy_per_queue ------------------------------------------------------------------
 def test_expected_policies_of_the_lab_topology(lab_topology: Topology) -> None:
-    assert _expected_policy_per_queue(lab_topology) == {
+    assert expected_policy_per_queue(lab_topology) == {
         "q:tasks": DLX_POLICY,
         "q:tasks:audit": AUDIT_POLICY,
         "q:tasks:dlq": DLQ_POLICY,
@@ -271,13 +271,13 @@ def test_highest_priority_policy_wins() -> None:
     low = Policy("low", "^q:", (("max-length", 1),), priority=1)
     high = Policy("high", "^q:a$", (("max-length", 2),), priority=5)
     topology = Topology(queues=(Queue("q:a"), Queue("q:b")), policies=(low, high))
-    assert _expected_policy_per_queue(topology) == {"q:a": high, "q:b": low}
+    assert expected_policy_per_queue(topology) == {"q:a": high, "q:b": low}
 
 
 def test_pattern_is_unanchored_search() -> None:
     policy = Policy("p", "tasks", (("max-length", 1),))
     topology = Topology(queues=(Queue("q:tasks:dlq"),), policies=(policy,))
-    assert _expected_policy_per_queue(topology) == {"q:tasks:dlq": policy}
+    assert expected_policy_per_queue(topology) == {"q:tasks:dlq": policy}
 
 
 @pytest.mark.parametrize(
@@ -286,10 +286,10 @@ def test_pattern_is_unanchored_search() -> None:
 def test_policy_apply_to(apply_to: str, applies: bool) -> None:
     policy = Policy("p", "^q$", (("max-length", 1),), apply_to=apply_to)
     topology = Topology(queues=(Queue("q"),), policies=(policy,))
-    assert _expected_policy_per_queue(topology) == ({"q": policy} if applies else {})
+    assert expected_policy_per_queue(topology) == ({"q": policy} if applies else {})
 
 
 def test_queue_without_matching_policy_has_none() -> None:
     policy = Policy("p", "^other$", (("max-length", 1),))
     topology = Topology(queues=(Queue("q"),), policies=(policy,))
-    assert _expected_policy_per_queue(topology) == {}
+    assert expected_policy_per_queue(topology) == {}

@@ -50,7 +50,6 @@ import pika
 import pika.exceptions as pe
 from pika.adapters.select_connection import IOLoop
 
-from amqp_lab.backoff import full_jitter
 from amqp_lab.connection import channel_error, connection_parameters, translate
 from amqp_lab.errors import (
     AmqpLabError,
@@ -63,6 +62,7 @@ from amqp_lab.errors import (
     VhostAccessDenied,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 
 log = logging.getLogger(__name__)

@@ -15,14 +15,14 @@ from typing import Any
 
 import pika.exceptions as pe
 
-from amqp_lab.backoff import full_jitter
 from amqp_lab.connection import translate
-from amqp_lab.delivery import Delivery
-from amqp_lab.dlq_record import build_record, fallback_record, record_message
+from amqp_lab.consuming.delivery import Delivery
+from amqp_lab.consuming.settlement import Outcome, Settlement
+from amqp_lab.dlq.record import build_record, fallback_record, record_message
 from amqp_lab.errors import DeadLetterFailed, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import Outcome, Settlement
 
 __all__ = ["RECORD_CLASS", "ConfirmedWriter", "StaleDelivery", "dlq_message"]
 

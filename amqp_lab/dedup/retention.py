@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from amqp_lab.dedup import ManagedDedupStore, Purged
 from amqp_lab.errors import ConfigurationError
-from amqp_lab.retry import wait_bound
-from amqp_lab.settlement import RetryPolicy
+from amqp_lab.retry.broker_held import wait_bound
+from amqp_lab.retry.policy import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,12 @@ from typing import Any
 import pika.exceptions as pe
 
 from amqp_lab.connection import open_channel, translate
-from amqp_lab.dlq_record import DlqEntry, replay_message, view_of
+from amqp_lab.dlq.record import DlqEntry, replay_message, view_of
 from amqp_lab.errors import AmqpLabError
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 
 PROGRESS_EVERY = 100
-
-DLQ = "q:tasks:dlq"
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ def _holding(
 
 def browse(
     settings: BrokerSettings,
-    queue: str = DLQ,
+    queue: str,
     limit: int | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[DlqEntry]:
@@ -77,7 +75,7 @@ def browse(
         return [h.entry for h in held]
 
 
-def depth(settings: BrokerSettings, queue: str = DLQ) -> int:
+def depth(settings: BrokerSettings, queue: str) -> int:
     """Messages in ``queue`` now, via queue.declare(passive=True) (exact, not lagging stats)."""
     with open_channel(settings) as channel:
         try:
@@ -98,7 +96,7 @@ def replay(
     settings: BrokerSettings,
     select: Callable[[DlqEntry], bool],
     *,
-    queue: str = DLQ,
+    queue: str,
     dry_run: bool = False,
     exchange: str | None = None,
     limit: int | None = None,

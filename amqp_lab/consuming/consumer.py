@@ -2,14 +2,14 @@
 
 For each delivery: decode (a bad delivery is a business error, never the worker's end),
 de-duplicate by message_id and run the handler in one store transaction, commit, then decide
-(:mod:`amqp_lab.settlement`) and settle: basic.ack, basic.nack(requeue=True), a confirmed
+(:mod:`amqp_lab.consuming.settlement`) and settle: basic.ack, basic.nack(requeue=True), a confirmed
 retry copy into a wait queue, or dead-letter. Dead-lettering publishes a DLQ record through
 the DLX with confirms + mandatory and acks the original only after the confirm (classic queue
 dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - in ``reject``
 mode - basic.reject(requeue=False) so the queue's policy DLX moves it and the broker adds
 x-death.
 
-The consumer's life is the state machine of :mod:`amqp_lab.lifecycle`: every way a consume
+The consumer's life is the state machine of :mod:`amqp_lab.consuming.lifecycle`: every way a consume
 ends is recoverable (reconnect or resubscribe with backoff, bounded by failed connections),
 fatal (raised) or finished (:meth:`Consumer.run` returns). docs/failure-model.md has the table.
 
@@ -35,12 +35,15 @@ from typing import Any, Literal
 
 import pika.exceptions as pe
 
-from amqp_lab.backoff import full_jitter
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
+from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
+from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.settlement import Action, Settlement, classify
+from amqp_lab.consuming.settlement import decide as decide_settlement
+from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
-from amqp_lab.delivery import Delivery, DeliveryReport, prepare
-from amqp_lab.dlq_record import utc_iso
+from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import (
     BrokerConnectionError,
     ConfigurationError,
@@ -53,15 +56,13 @@ from amqp_lab.errors import (
     QueueNotFound,
     RetryTopologyError,
 )
-from amqp_lab.lifecycle import End, ReconnectBudget, State, classify_end
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, Task
-from amqp_lab.retry import retry_copy, retry_wait, wait_queue_name
-from amqp_lab.retry_topology import RetryExpectations, check_retry_topology
+from amqp_lab.retry.broker_held import retry_copy, retry_wait
+from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.settlement import REQUEUE_ONCE, Action, RetryPolicy, Settlement, classify
-from amqp_lab.settlement import decide as decide_settlement
-from amqp_lab.store_retry import StoreRetry
+from amqp_lab.topology.model import Names
+from amqp_lab.topology.retry_check import RetryExpectations, check_retry_topology
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
@@ -77,7 +78,8 @@ TransientError (or any exception, treated as unknown: retried like a transient o
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
+    """``names``: the topology's roles (``topology.names``): the work queue, the DLX, the wait
+    queues; ``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
     :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
     deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
     ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death);
@@ -103,11 +105,9 @@ class ConsumerConfig:
       (management API; backoff and reject modes).
     """
 
-    queue: str = "q:tasks"
+    names: Names
     prefetch: int = 10
     dead_letter: Literal["publish", "reject"] = "publish"
-    dlx: str = "tasks.dlx"
-    retry_exchange: str = "tasks.retry"
     idle_exit: float | None = None
     max_messages: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -121,6 +121,7 @@ class ConsumerConfig:
     store_outage: float = 60.0
     dead_letter_attempts: int = 3
     verify_topology: bool = True
+    concurrency: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.ack_batch <= self.prefetch:
@@ -128,22 +129,45 @@ class ConsumerConfig:
                 f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
                 "broker sends no more than prefetch unacked deliveries"
             )
-        if min(self.max_redeliveries, self.reconnect_attempts, self.dead_letter_attempts) < 1:
-            raise ConfigurationError(
-                "max_redeliveries, reconnect_attempts and dead_letter_attempts must be >= 1"
+        if (
+            min(
+                self.max_redeliveries,
+                self.reconnect_attempts,
+                self.dead_letter_attempts,
+                self.concurrency,
             )
+            < 1
+        ):
+            raise ConfigurationError(
+                "max_redeliveries, reconnect_attempts, dead_letter_attempts and concurrency "
+                "must be >= 1"
+            )
+        if self.retry.mode == "backoff" and (
+            self.names.retry_exchange is None or self.retry.max_attempts > self.names.max_attempts
+        ):
+            raise ConfigurationError(
+                f"backoff with max_attempts {self.retry.max_attempts} needs a retry exchange and "
+                f"{self.retry.max_attempts - 1} wait queues; the topology has "
+                f"{self.names.wait_queues}"
+            )
+
+    @property
+    def queue(self) -> str:
+        """The work queue consumed (``names.queue``)."""
+        return self.names.queue
 
     def retry_expectations(self, vhost: str) -> RetryExpectations | None:
         """What the live topology must provide for this config (None: nothing to check)."""
+        names = self.names
         waits = (
-            tuple(wait_queue_name(self.queue, n) for n in range(1, self.retry.max_attempts))
+            tuple(names.wait_queue(n) for n in range(1, self.retry.max_attempts))
             if self.retry.mode == "backoff"
             else ()
         )
-        dlx = self.dlx if self.dead_letter == "reject" else None
+        dlx = names.dead_letter_exchange if self.dead_letter == "reject" else None
         if not waits and dlx is None:
             return None
-        return RetryExpectations(vhost, self.queue, waits, self.retry_exchange, dlx)
+        return RetryExpectations(vhost, names.queue, waits, names.retry_exchange or "", dlx)
 
 
 _InFlight = tuple[list[Delivery], "Future[None] | None"]
@@ -158,7 +182,7 @@ class Consumer:
         settings: BrokerSettings,
         handler: Handler,
         store: DedupStore,
-        config: ConsumerConfig | None = None,
+        config: ConsumerConfig,
         on_report: Callable[[DeliveryReport], None] | None = None,
         clock: Callable[[], float] = time.time,
         uniform: Callable[[float, float], float] = random.uniform,
@@ -166,7 +190,7 @@ class Consumer:
         self.settings = settings
         self.handler = handler
         self.store = store
-        self.config = config or ConsumerConfig()
+        self.config = config
         self.on_report = on_report or (lambda r: log.info(r.line()))
         self.clock = clock
         self.uniform = uniform
@@ -182,7 +206,9 @@ class Consumer:
         self._consumed = False  # the queue existed once: missing later means deleted
         self._verified = False
         self._parked: dict[int, str] = {}  # delivery tag -> why, on the current channel
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.concurrency, thread_name_prefix="handler"
+        )
         self._connection: Any = None
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
         self._store = StoreRetry(self.config.store_outage)
@@ -272,9 +298,13 @@ class Consumer:
 
     def _consume(self, connection: Any, channel: Any, consuming: Any) -> bool:
         """The delivery loop; True when it ended on its own terms (stop, idle, max-messages),
-        False when the broker cancelled the consumer (the generator just ends)."""
+        False when the broker cancelled the consumer (the generator just ends).
+
+        Deliveries go to the handler threads in units of ``ack_batch``, at most
+        ``concurrency`` units at once; a unit is settled on this thread once its commit is
+        done. With one unit at a time the next one is decoded while the previous commits."""
         pending: list[tuple[Any, Any, bytes]] = []
-        in_flight: _InFlight | None = None
+        units: list[_InFlight] = []  # submitted, not settled yet
         last_activity = batch_started = time.monotonic()
         batch_size = self._batch_size()
         ack_interval = self.config.ack_interval
@@ -293,32 +323,59 @@ class Consumer:
             full = len(pending) >= batch_size
             due = bool(pending) and (method is None or now - batch_started >= ack_interval)
             if full or due:
-                if self.config.ack_batch > 1:
-                    in_flight = self._advance(connection, channel, in_flight, pending)
-                else:
-                    self._handle(connection, channel, pending)
+                self._start(connection, channel, units, pending)
                 pending = []
-            elif method is None and in_flight is not None:
-                self._finish(connection, channel, in_flight)
-                in_flight = None
+                if self.config.ack_batch == 1 and self.config.concurrency == 1:
+                    self._settle_all(connection, channel, units)  # one at a time, at once
+            elif method is None and units:
+                # nothing more arrived: settle what is done (everything, with one unit)
+                self._settle_done(connection, channel, units, block=self.config.concurrency == 1)
             if self._done():
                 break
             idle = self.config.idle_exit
-            if method is None and idle is not None and now - last_activity >= idle:
+            if method is None and idle is not None and now - last_activity >= idle and not units:
                 break
         else:  # cancelled by the broker: what was delivered is still ours to settle
-            if in_flight is not None:
-                self._finish(connection, channel, in_flight)
             if pending:
-                self._handle(connection, channel, pending)
+                self._start(connection, channel, units, pending)
+            self._settle_all(connection, channel, units)
             return False
         self.state = State.DRAINING
         channel.cancel()  # basic.cancel; deliveries pika holds go back (basic.reject requeue)
-        if in_flight is not None:
-            self._finish(connection, channel, in_flight)
+        self._settle_all(connection, channel, units)
         for method, _, _ in pending:  # collected, never started: back to the queue
             channel.basic_reject(method.delivery_tag, requeue=True)
         return True
+
+    def _start(
+        self,
+        connection: Any,
+        channel: Any,
+        units: list[_InFlight],
+        deliveries: list[tuple[Any, Any, bytes]],
+    ) -> None:
+        """Decode ``deliveries`` into a unit, wait for room among the ``concurrency`` units in
+        flight (settling finished ones meanwhile), and hand the unit to a handler thread."""
+        batch = self._prepare(deliveries)
+        self._in_flight += len(batch)
+        while len(units) >= self.config.concurrency:
+            self._settle_done(connection, channel, units, block=True)
+        units.append((batch, self._submit(connection, batch)))
+
+    def _settle_done(
+        self, connection: Any, channel: Any, units: list[_InFlight], block: bool
+    ) -> None:
+        """Settle the units whose work is done (in submission order first: with one unit at a
+        time that keeps acks in order); with ``block``, first wait (pumping I/O) until one is."""
+        if block:
+            self._wait_any(connection, units)
+        for unit in [u for u in units if u[1] is None or u[1].done()]:
+            units.remove(unit)
+            self._finish(connection, channel, unit)
+
+    def _settle_all(self, connection: Any, channel: Any, units: list[_InFlight]) -> None:
+        while units:
+            self._settle_done(connection, channel, units, block=True)
 
     def _await_queue(self, connection: Any) -> bool:
         """queue.declare(passive) until the queue exists (True); False when a stop is asked for
@@ -477,40 +534,14 @@ class Consumer:
             except BaseException as e:  # the handler's error decides the settlement; even a
                 d.error = e  # sys.exit() in a handler is its failure, never the worker's success
 
-    def _handle(
-        self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
-    ) -> None:
-        """Handle deliveries now: prepare, run the handlers, settle."""
-        batch = self._prepare(deliveries)
-        self._in_flight += len(batch)
-        self._finish(connection, channel, (batch, self._submit(connection, batch)))
-
-    def _advance(
-        self,
-        connection: Any,
-        channel: Any,
-        previous: _InFlight | None,
-        deliveries: list[tuple[Any, Any, bytes]],
-    ) -> _InFlight:
-        """Batch mode, pipelined: decode the next batch while the worker thread commits the
-        previous one, then settle the previous one and start the next. Acks stay in order and
-        each follows its own batch's commit."""
-        batch = self._prepare(deliveries)
-        self._in_flight += len(batch)
-        if previous is not None:
-            self._finish(connection, channel, previous)
-        return batch, self._submit(connection, batch)
-
     def _finish(self, connection: Any, channel: Any, in_flight: _InFlight) -> None:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
         first), then ack the successes - with one basic.ack(multiple=True) for a batch, unless
         a parked delivery sits on the channel."""
         batch, future = in_flight
-        try:
-            if future is not None:
-                self._wait(connection, future)
-        finally:
-            self._in_flight -= len(batch)
+        self._in_flight -= len(batch)
+        if future is not None:
+            future.result()  # done: raises what the store raised (nothing is settled then)
         reports: list[DeliveryReport | None] = []  # in delivery order; None: not settled
         try:
             self._settle_batch(connection, channel, batch, reports)
@@ -542,7 +573,7 @@ class Consumer:
             reports.append(self._settle_failure(connection, channel, d, settlement))
         if last is None:
             return
-        if len(batch) > 1 and self._multiple_ok:
+        if len(batch) > 1 and self._multiple_ok and self.config.concurrency == 1:
             # every delivery up to the last success is a success or already settled above
             ack_all = functools.partial(channel.basic_ack, last.delivery_tag, multiple=True)
             self._settle(channel, ack_all, last)
@@ -574,7 +605,7 @@ class Consumer:
                 headers=d.headers,
                 exchange=d.method.exchange,
                 routing_key=d.method.routing_key,
-                queue=self.config.queue,
+                wait_queue=self.config.names.wait_queue(settlement.attempts),
                 attempts=settlement.attempts,
                 first_seen_at=first_seen_at,
                 wait=wait,
@@ -596,7 +627,7 @@ class Consumer:
             settlement,
             first_seen_at=first_seen_at,
             queue=self.config.queue,
-            dlx=self.config.dlx,
+            dlx=self.config.names.dead_letter_exchange,
             failed_at=self.clock(),
         )
         try:
@@ -634,21 +665,24 @@ class Consumer:
                 f"nothing ({error})"
             )
 
-    def _wait(self, connection: Any, future: Future[None]) -> None:
-        """Wait for the handlers while pumping I/O so heartbeats keep flowing."""
+    def _wait_any(self, connection: Any, units: list[_InFlight]) -> None:
+        """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing. If
+        the connection dies meanwhile, wait for every unit (their commits stand or roll back)
+        and raise StaleDelivery: none of them can be settled on this connection."""
+        futures = [f for _, f in units if f is not None]
+        if len(futures) < len(units):
+            return  # a unit with no store work is done already
         pump_error: BaseException | None = None
-        while not future.done():
-            if pump_error is None:
-                try:
-                    connection.process_data_events(time_limit=0.1)
-                except Exception as e:
-                    pump_error = e
-            else:
-                time.sleep(0.05)
+        while not any(f.done() for f in futures):
+            try:
+                connection.process_data_events(time_limit=0.1)
+            except Exception as e:
+                pump_error = e
+                break
         if pump_error is not None:
-            future.exception()  # the handlers' work is committed (or rolled back) by now
+            for future in futures:
+                future.exception()  # the handlers' work is committed (or rolled back) by now
             raise StaleDelivery(f"connection lost while the handler ran: {pump_error}")
-        future.result()
 
     def _settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
         """Settle on the delivering channel only; drop the settlement if it has closed."""

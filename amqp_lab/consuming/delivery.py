@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp_lab.consuming.settlement import attempt_number
 from amqp_lab.errors import InvalidMessage
 from amqp_lab.message import Task, decode_body, header_attempts, properties_of
-from amqp_lab.settlement import RetryPolicy, attempt_number
+from amqp_lab.retry.policy import RetryPolicy
 
 __all__ = ["Delivery", "DeliveryReport", "prepare"]
 
@@ -87,8 +88,8 @@ def prepare(
 ) -> Delivery:
     """Decode one delivery. Never raises: a delivery that cannot be decoded carries an
     InvalidMessage saying why (no message_id or one that is not UTF-8, headers the codec
-    could not read, a bad ``attempts`` header, a body that is not a JSON task, an odd
-    content_type...)."""
+    could not read, a bad ``attempts`` header, a body too large, a JSON body that does not
+    parse...)."""
     message_id = getattr(properties, "message_id", None)
     headers = getattr(properties, "headers", None)
     d = Delivery(
@@ -136,4 +137,5 @@ def _decode(
         routing_key=d.method.routing_key,
         redelivered=d.redelivered,
         attempt=d.attempt,
+        content_type=content_type,
     )

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
-from amqp_lab.message import task_message
-from amqp_lab.publisher import Publisher, PublishRetry
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
+from lab.handler import task_message
 
 
 def connection_name(role: str) -> str:

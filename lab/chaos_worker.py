@@ -18,13 +18,13 @@ from typing import Any
 
 import pika.exceptions as pe
 
-from amqp_lab.chaos import ledger_handler
 from amqp_lab.connection import close_quietly, connect
-from amqp_lab.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
+from lab.chaos import ledger_handler
 
 QUEUE = "q:tasks"
 IDLE_EXIT = 1.0  # seconds without a delivery before checking the stop file

@@ -30,9 +30,9 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
 from amqp_lab.errors import BusinessError, PoisonMessage, TransientError
+from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
 
 TRANSIENT_HTTP_STATUSES = frozenset({408, 429, 502, 503, 504})
 
@@ -61,29 +61,6 @@ class Settlement:
     action: Action
     attempts: int  # how many deliveries of this message have been tried, this one included
     classification: Outcome
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient failures are retried.
-
-    ``requeue``: one immediate broker redelivery (basic.nack requeue), then the DLQ.
-    ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
-    ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
-    ``base`` and ``cap`` are in seconds.
-    """
-
-    mode: Literal["requeue", "backoff"] = "requeue"
-    max_attempts: int = 2
-    base: float = 1.0
-    cap: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.base < 0 or self.cap < 0:
-            raise ValueError(f"invalid retry policy {self}")
-
-
-REQUEUE_ONCE = RetryPolicy()
 
 
 def classify(error: BaseException | None) -> Outcome:

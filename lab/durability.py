@@ -14,7 +14,7 @@ import pika.exceptions as pe
 from amqp_lab.connection import open_channel, translate
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.message import OutgoingMessage, encode_json
-from amqp_lab.publisher import Publisher
+from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 
 DEMO_QUEUE = "q:durability-demo"

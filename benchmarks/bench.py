@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from _cli import EXIT_OK, run, settings_from_env
 
+from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
 from amqp_lab.connection import connect
-from amqp_lab.consumer import Consumer, ConsumerConfig
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.pipeline import PipelinedPublisher
+from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import load_topology
 

@@ -1,9 +1,10 @@
 """Broker-held delayed retries (pure): which wait queue, how long to wait, the bound.
 
 After failure n (n = 1, 2, ...) a message is republished with ``attempts = n`` into wait queue
-n (``q:tasks:wait:n``) with a per-message TTL (``expiration``, milliseconds) of
-``uniform(0, min(cap, base * 2**(n-1)))`` seconds. The wait queue's policy dead-letters expired
-messages through ``tasks.retry`` back to ``q:tasks``.
+n (``Names.wait_queue(n)``, ``q:tasks:wait:n`` in the lab topology) with a per-message TTL
+(``expiration``, milliseconds) of ``uniform(0, min(cap, base * 2**(n-1)))`` seconds. The wait
+queue's policy dead-letters expired messages through the retry exchange back to the work
+queue.
 
 A per-message TTL only fires at the head of a queue (https://www.rabbitmq.com/docs/ttl,
 rabbitmq-server #2007): a 10 s message blocks a 1 s one behind it. One wait queue per attempt
@@ -17,7 +18,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from amqp_lab.backoff import capped, full_jitter
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     FIRST_SEEN_HEADER,
@@ -28,12 +28,7 @@ from amqp_lab.message import (
     original_destination,
     user_headers,
 )
-from amqp_lab.settlement import RetryPolicy
-
-
-def wait_queue_name(queue: str, attempts: int) -> str:
-    """The wait queue holding messages of ``queue`` after failure ``attempts`` (1-based)."""
-    return f"{queue}:wait:{attempts}"
+from amqp_lab.retry.policy import RetryPolicy, capped, full_jitter
 
 
 def wait_bound(policy: RetryPolicy, attempts: int) -> float:
@@ -63,18 +58,18 @@ def retry_copy(
     headers: dict[Any, Any],
     exchange: str,
     routing_key: str,
-    queue: str,
+    wait_queue: str,
     attempts: int,
     first_seen_at: str,
     wait: float,
 ) -> OutgoingMessage:
-    """The copy of a failed delivery for wait queue ``attempts`` of ``queue``, published to the
-    default exchange with a per-message TTL of ``wait`` seconds. It keeps the body, the
-    publisher's headers (types and bytes unchanged) and properties, and carries our bookkeeping:
-    ``attempts``, ``first_seen_at``, and the **original** exchange and routing key (set on the
-    first hop from the delivery's, kept after), so a DLQ record written after any number of
-    hops names where the message was first published. The broker's x-death family is not
-    copied."""
+    """The copy of a failed delivery for ``wait_queue`` (the one of failure ``attempts``),
+    published to the default exchange with a per-message TTL of ``wait`` seconds. It keeps the
+    body, the publisher's headers (types and bytes unchanged) and properties, and carries our
+    bookkeeping: ``attempts``, ``first_seen_at``, and the **original** exchange and routing
+    key (set on the first hop from the delivery's, kept after), so a DLQ record written after
+    any number of hops names where the message was first published. The broker's x-death
+    family is not copied."""
     original_exchange, original_key = original_destination(headers, exchange, routing_key)
     copy_headers = user_headers(headers)
     copy_headers.update(
@@ -90,7 +85,7 @@ def retry_copy(
         body=body,
         message_id=message_id,
         exchange="",
-        routing_key=wait_queue_name(queue, attempts),
+        routing_key=wait_queue,
         content_type=kept.pop("content_type", None),
         headers=copy_headers,
         expiration=expiration_ms(wait),
