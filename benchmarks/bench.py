@@ -39,9 +39,11 @@ from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology import load_topology
+from amqp_lab.topology import Names, load_topology
 
 QUEUE = "q:bench"
+# The bench queue has no DLX or wait queues: the handler never fails.
+BENCH_NAMES = Names(exchange="", routing_key=QUEUE, queue=QUEUE, dead_letter_exchange="", dlq="")
 # a valid lab task of 256 bytes, so our consumer decodes it as it would any task
 BODY = b'{"kind":"ok","seq":0,"pad":"' + b"x" * 226 + b'"}'
 assert len(BODY) == 256
@@ -186,7 +188,7 @@ def our_consume(settings: BrokerSettings, n: int, batch: int, path: Path) -> flo
     timed from connect to close: Consumer.run() includes both."""
     store = SqliteDedupStore(path)
     config = ConsumerConfig(
-        queue=QUEUE, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=5
+        BENCH_NAMES, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=5
     )
     started = time.perf_counter()
     handled = Consumer(settings, noop, store, config, on_report=lambda r: None).run()
@@ -240,7 +242,7 @@ def latency_consumer(settings: BrokerSettings, n: int, batch: int) -> int:
             handler,
             store,
             ConsumerConfig(
-                queue=QUEUE, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=10
+                BENCH_NAMES, prefetch=batch * 3, ack_batch=batch, max_messages=n, idle_exit=10
             ),
             on_report=lambda r: None,
         ).run()

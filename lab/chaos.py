@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from amqp_lab.dedup import ManagedDedupStore, placeholder_for
+from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.errors import DedupStoreError
 from amqp_lab.message import Task
 
@@ -59,9 +59,8 @@ def ledger_handler(
     def handle(task: Task, db: Any) -> None:
         if work_seconds > 0:
             time.sleep(work_seconds)
-        p = placeholder_for(db)
         db.execute(
-            f"INSERT INTO ledger(run_id, message_id, worker, applied_at) VALUES ({p},{p},{p},{p})",
+            "INSERT INTO ledger(run_id, message_id, worker, applied_at) VALUES (?, ?, ?, ?)",
             (run_id, task.message_id, worker, time.time()),
         )
 
@@ -71,7 +70,7 @@ def ledger_handler(
 def read_ledger(store: ManagedDedupStore, run_id: str) -> list[str]:
     """The message_ids of every ledger row of ``run_id`` (one per applied effect): one SELECT
     in its own transaction. Raises DedupStoreError (e.g. no ledger table)."""
-    sql = f"SELECT message_id FROM ledger WHERE run_id = {store.placeholder}"
+    sql = "SELECT message_id FROM ledger WHERE run_id = ?"
     rows = _in_store(store, "read the ledger", lambda db: db.execute(sql, (run_id,)).fetchall())
     return [str(row[0]) for row in rows]
 

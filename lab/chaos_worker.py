@@ -24,9 +24,11 @@ from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import load_topology
 from lab.chaos import ledger_handler
 
-QUEUE = "q:tasks"
+NAMES = load_topology().names
+QUEUE = NAMES.queue
 IDLE_EXIT = 1.0  # seconds without a delivery before checking the stop file
 
 
@@ -93,7 +95,7 @@ def run_worker(
     store = open_store(dedup_url)
     handler = ledger_handler(run_id, name, work_seconds)
     config = ConsumerConfig(
-        queue=QUEUE,
+        NAMES,
         prefetch=max(prefetch, 2 * ack_batch),
         ack_batch=ack_batch,
         idle_exit=IDLE_EXIT,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from amqp_lab.dedup.base import (
     DedupStore,
@@ -35,16 +35,9 @@ __all__ = [
     "SqliteDedupStore",
     "StoreStats",
     "open_store",
-    "placeholder_for",
     "run_in_savepoint",
     "store_kind",
 ]
-
-
-def placeholder_for(db: Any) -> str:
-    """The parameter placeholder a handler writes: ``?``, in every store (kept for handlers
-    written before the store's :class:`HandlerDb` translated placeholders itself)."""
-    return "?"
 
 
 def store_kind(url_or_path: str | Path) -> tuple[Literal["sqlite", "postgresql"], str]:

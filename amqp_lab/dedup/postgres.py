@@ -58,7 +58,6 @@ class PostgresDedupStore(SqlStore):
     the consumer retries the delivery with backoff."""
 
     dialect: Dialect = "postgresql"
-    placeholder = "?"  # a HandlerDb takes ? in every store
 
     def __init__(
         self, url: str, clock: Callable[[], float] = time.time, connect_timeout: int = 10

@@ -42,7 +42,6 @@ class SqliteDedupStore(SqlStore):
     file cannot be opened."""
 
     dialect: Dialect = "sqlite"
-    placeholder = "?"  # a HandlerDb takes ? in every store
 
     def __init__(
         self, path: Path | str, clock: Callable[[], float] = time.time, busy_timeout: float = 30

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.dedup import ManagedDedupStore, open_store, placeholder_for
+from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.errors import DedupStoreError, TransientError
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
@@ -81,8 +81,7 @@ def note(message_id: str, text: str = "done") -> Callable[[Any], None]:
     """A handler effect: one row in ``notes`` through the store's connection."""
 
     def write(db: Any) -> None:
-        p = placeholder_for(db)
-        db.execute(f"INSERT INTO notes VALUES ({p}, {p})", (message_id, text))
+        db.execute("INSERT INTO notes VALUES (?, ?)", (message_id, text))
 
     return write
 
@@ -122,10 +121,10 @@ def test_failed_work_rolls_back_the_claim_and_its_writes(store: ManagedDedupStor
     assert notes(store) == [("m-1", "retried")]
 
 
-def test_work_gets_the_connection_with_the_store_placeholder(store: ManagedDedupStore) -> None:
+def test_work_gets_a_handler_db_of_the_store_dialect(store: ManagedDedupStore) -> None:
     seen: list[str] = []
-    store.process_once("m-1", lambda db: seen.append(placeholder_for(db)))
-    assert seen == [store.placeholder]
+    store.process_once("m-1", lambda db: seen.append(db.dialect))
+    assert seen == [store.dialect]
 
 
 def test_a_claim_survives_reopening(
@@ -261,10 +260,12 @@ def test_a_batch_whose_only_copy_failed_leaves_no_claim(store: ManagedDedupStore
     assert store.process_once("a", note("a", "retried")) is True
 
 
-def test_a_batch_handler_gets_the_store_placeholder(store: ManagedDedupStore) -> None:
+def test_a_batch_handler_gets_a_handler_db_of_the_store_dialect(
+    store: ManagedDedupStore,
+) -> None:
     seen: list[str] = []
-    store.process_batch([("a", lambda db: seen.append(placeholder_for(db)))])
-    assert seen == [store.placeholder]
+    store.process_batch([("a", lambda db: seen.append(db.dialect))])
+    assert seen == [store.dialect]
 
 
 def test_a_batch_waits_for_a_claim_held_by_an_open_transaction(

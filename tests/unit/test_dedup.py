@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.dedup import HandlerDb, SqliteDedupStore, placeholder_for
+from amqp_lab.dedup import HandlerDb, SqliteDedupStore
 from amqp_lab.errors import DedupStoreError
 
 pytestmark = pytest.mark.unit
@@ -250,10 +250,10 @@ def test_batch_savepoint_opens_on_first_use_of_the_connection(
     ]
 
 
-def test_batch_handler_sees_a_sqlite_placeholder(store: SqliteDedupStore) -> None:
+def test_batch_handler_sees_the_sqlite_dialect(store: SqliteDedupStore) -> None:
     seen: list[str] = []
-    store.process_batch([("a", lambda db: seen.append(placeholder_for(db)))])
-    assert seen == ["?"]
+    store.process_batch([("a", lambda db: seen.append(db.dialect))])
+    assert seen == ["sqlite"]
 
 
 def _with_block(db: Any) -> None:
