@@ -91,8 +91,9 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     certs = tmp_path_factory.mktemp("certs")
     certs.chmod(0o755)
     make_certificates(certs)
+    notes: list[str] = []
     container = (
-        RabbitMqContainer(_choose_image())
+        RabbitMqContainer(_choose_image(notes))
         .with_exposed_ports(15672, 5671)
         .with_volume_mapping(str(ROOT / "rabbitmq.conf"), "/etc/rabbitmq/rabbitmq.conf", "ro")
         .with_volume_mapping(str(certs / "20-tls.conf"), "/etc/rabbitmq/conf.d/20-tls.conf", "ro")
