@@ -12,6 +12,7 @@ exercised redelivery.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from amqp_lab.consuming.delivery import DeliveryReport
 from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.errors import DedupStoreError
 from amqp_lab.message import Task
@@ -109,8 +111,8 @@ def plan_events(rng: random.Random, messages: int, kills: int, closes: int) -> l
 
 
 class OutputTally:
-    """Counts the consumers' outcome lines (``message_id=.. outcome=.. redelivered=..``) in
-    worker output files, reading only what was appended since the last call; a line cut short
+    """Counts the chaos workers' reports (one ``DeliveryReport.as_dict()`` JSON object per line)
+    in worker output files, reading only what was appended since the last call; a line cut short
     by a SIGKILL is ignored."""
 
     def __init__(self) -> None:
@@ -134,12 +136,15 @@ class OutputTally:
 
     def add(self, line: str) -> None:
         """Count one output line (other lines are ignored)."""
-        if not line.startswith("message_id="):
+        if not line.startswith("{"):
             return
-        fields = dict(part.split("=", 1) for part in line.split(" ") if "=" in part)
+        try:
+            report = DeliveryReport.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            return
         self.counts["deliveries"] += 1
-        self.counts[f"outcome:{fields.get('outcome', '?')}"] += 1
-        if fields.get("redelivered") == "true":
+        self.counts[f"outcome:{report.outcome}"] += 1
+        if report.redelivered:
             self.counts["redelivered"] += 1
 
 

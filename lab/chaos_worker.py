@@ -10,6 +10,7 @@ until they have been idle for a second after the stop file appeared.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ IDLE_EXIT = 1.0  # seconds without a delivery before checking the stop file
 
 
 def report(r: DeliveryReport) -> None:
-    print(r.line(), flush=True)
+    print(json.dumps(r.as_dict()), flush=True)  # read back by lab.chaos.OutputTally
 
 
 def consume_auto_ack(

@@ -1,12 +1,36 @@
 """The scripts' shared plumbing: amqp_lab's command-line helpers, and the repository root on
-sys.path so the scripts can import the lab (``lab/``), which is not part of the package."""
+sys.path so the scripts can import the lab (``lab/``), which is not part of the package.
+
+A script started by another interpreter than the repository's ``.venv`` (``python3
+scripts/worker.py`` from a fresh shell) re-executes itself with the venv's Python, so every
+command the README shows runs as written; without a ``.venv`` it says how to make one.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+def _use_the_venv() -> None:
+    if Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():
+        return
+    try:
+        import pika  # noqa: F401  (an interpreter with the dependencies: run as it is)
+    except ImportError:
+        if VENV_PYTHON.exists():
+            os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), *sys.argv])
+        sys.exit(
+            "error: amqp-lab is not installed for this Python; run `bash scripts/demo.sh` or "
+            "`bash scripts/test.sh` once (they create .venv), or `pip install -e .`"
+        )
+
+
+_use_the_venv()
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -16,8 +40,11 @@ from amqp_lab.cli.common import (  # noqa: E402
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNROUTABLE,
+    add_topology_option,
+    load_callable,
     run,
     settings_from_env,
+    topology_from,
 )
 
 __all__ = [
@@ -27,6 +54,9 @@ __all__ = [
     "EXIT_OK",
     "EXIT_UNROUTABLE",
     "ROOT",
+    "add_topology_option",
+    "load_callable",
     "run",
     "settings_from_env",
+    "topology_from",
 ]

@@ -43,7 +43,7 @@ from lab.chaos import (
     summarize,
 )
 from lab.chaos_pool import Closer, PublisherThread, WorkerPool, connection_name, wait_visible
-from lab.chaos_worker import QUEUE, run_worker
+from lab.chaos_worker import NAMES, QUEUE, run_worker
 
 EXIT_INVARIANT = 5
 STALL = 2.0  # seconds without a new delivery after publishing: fire the remaining events
@@ -148,7 +148,7 @@ class ChaosRun:
 
     def summary(self, store: ManagedDedupStore, left: int) -> dict[str, Any]:
         self.tally.update(self.pool.outputs)
-        dlq_ids = [e.message_id for e in browse(self.settings) if e.message_id]
+        dlq_ids = [e.message_id for e in browse(self.settings, NAMES.dlq) if e.message_id]
         counts = self.tally.counts
         summary: dict[str, Any] = summarize(
             self.publisher.confirmed,

@@ -5,8 +5,9 @@
     python scripts/dedup.py stats [--dedup-url URL]
 
 The store defaults to the worker's SQLite file for EAI_AMQP_URL's broker and vhost. ``purge``
-refuses an age that is not longer than the longest retry horizon the topology allows (9 wait
-queues x 300 s) plus the replay window: a copy arriving later would be applied twice.
+refuses an age that is not longer than the longest retry horizon the topology allows (every
+wait queue at its message-ttl: 9 x 300 s for the default one) plus the replay window: a copy
+arriving later would be applied twice.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from _cli import EXIT_OK, run, settings_from_env
-from worker import MAX_ATTEMPTS, MAX_CAP, default_dedup_path
+from _cli import EXIT_OK, ROOT, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.worker import default_dedup_path
 from amqp_lab.dedup import open_store
 from amqp_lab.dedup.retention import (
     DAY,
@@ -27,9 +28,13 @@ from amqp_lab.dedup.retention import (
 )
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.retry.policy import RetryPolicy
+from amqp_lab.topology import Topology
 
-# The longest horizon any worker can have: every wait queue at the largest cap.
-LONGEST_POLICY = RetryPolicy("backoff", MAX_ATTEMPTS, MAX_CAP, MAX_CAP)
+
+def longest_policy(topology: Topology) -> RetryPolicy:
+    """The longest horizon any worker on ``topology`` can have: every wait queue at its TTL."""
+    cap = topology.longest_wait() or 3600.0
+    return RetryPolicy("backoff", topology.names.max_attempts, cap, cap)
 
 
 def main() -> int:
@@ -45,6 +50,7 @@ def main() -> int:
     )
     stats = commands.add_parser("stats", help="records held and the oldest one")
     for sub in (purge, stats):
+        add_topology_option(sub)
         sub.add_argument(
             "--dedup-url",
             default=None,
@@ -53,8 +59,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "purge":
         older_than = args.older_than_days * DAY
-        check_retention(older_than, LONGEST_POLICY, args.replay_window_days * DAY)
-    url = args.dedup_url or default_dedup_path(settings_from_env("amqp-lab dedup"))
+        policy = longest_policy(topology_from(args))
+        check_retention(older_than, policy, args.replay_window_days * DAY)
+    url = args.dedup_url or default_dedup_path(settings_from_env("amqp-lab dedup"), ROOT / ".state")
     store = open_store(url)
     try:
         if args.command == "purge":

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""List the DLQ (q:tasks:dlq) without consuming it: a table, --json (one object per line), or
---summary (depth, age of the oldest record, counts by error type).
+"""List the DLQ (the topology's; default q:tasks:dlq) without consuming it: a table, --json
+(one object per line), or --summary (depth, age of the oldest record, counts by error type).
 
 --alert-depth N and --alert-age SECONDS each exit 2 with one alert line when exceeded.
 """
@@ -12,9 +12,9 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
+from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 
-from amqp_lab.dlq.ops import DLQ, browse, depth
+from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.dlq.record import summarize
 
 
@@ -24,7 +24,8 @@ def progress(n: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queue", default=DLQ)
+    add_topology_option(parser)
+    parser.add_argument("--queue", default=None, help="the DLQ to list (default: the topology's)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--alert-depth", type=int, default=None, metavar="N")
@@ -37,6 +38,8 @@ def main() -> int:
     )
     parser.add_argument("--limit", type=int, default=None, help="list at most N records")
     args = parser.parse_args()
+    if args.queue is None:
+        args.queue = topology_from(args).names.dlq
     settings = settings_from_env("amqp-lab dlq")
     where = f"DLQ {args.queue} in vhost {settings.vhost!r}"
     if args.alert_depth is not None or args.alert_age is not None:
@@ -45,9 +48,9 @@ def main() -> int:
         if args.alert_depth is not None and count > args.alert_depth:
             alerts.append(f"holds {count} messages (threshold {args.alert_depth})")
         if args.alert_age is not None and count:
-            age = summarize(browse(settings, args.queue), datetime.now(UTC)).oldest_age
-            if age is not None and age > args.alert_age:
-                alerts.append(f"oldest record is {age:.0f}s old (threshold {args.alert_age:g}s)")
+            oldest = summarize(browse(settings, args.queue), datetime.now(UTC)).oldest_age
+            if oldest is not None and oldest > args.alert_age:
+                alerts.append(f"oldest record is {oldest:.0f}s old (threshold {args.alert_age:g}s)")
         if alerts:
             print(f"ALERT: {where} " + "; ".join(alerts))
             return EXIT_ALERT

@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import argparse
 
-from _cli import EXIT_ALERT, EXIT_OK, run, settings_from_env
+from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 
-from amqp_lab.dlq.ops import DLQ
 from amqp_lab.health import health_problems, queue_health
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queue", default="q:tasks", help="the work queue")
+    add_topology_option(parser)
+    parser.add_argument("--queue", default=None, help="the work queue (default: the topology's)")
     parser.add_argument("--min-consumers", type=int, default=1, metavar="N")
-    parser.add_argument("--dlq", default=DLQ)
+    parser.add_argument("--dlq", default=None, help="the DLQ (default: the topology's)")
     parser.add_argument(
         "--dlq-depth", type=int, default=None, metavar="N", help="alert when the DLQ holds more"
     )
     args = parser.parse_args()
     if args.min_consumers < 0 or (args.dlq_depth is not None and args.dlq_depth < 0):
         parser.error("--min-consumers and --dlq-depth must be >= 0")
+    names = topology_from(args).names
+    args.queue = args.queue or names.queue
+    args.dlq = args.dlq or names.dlq
     settings = settings_from_env("amqp-lab health")
     work = queue_health(settings, args.queue)
     dlq = queue_health(settings, args.dlq) if args.dlq_depth is not None else None

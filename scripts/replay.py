@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replay DLQ messages to the tasks exchange - only when asked, never automatically.
+"""Replay DLQ messages to the exchange they came from - only when asked, never automatically.
 
 Select with --all, or with any of --message-id, --error-type, --since, --until (ISO 8601, on
 the record's last_failed_at); --limit N caps the count, --rate R the messages per second.
@@ -17,9 +17,17 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _cli import EXIT_FAILED, EXIT_OK, ROOT, run, settings_from_env
+from _cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    ROOT,
+    add_topology_option,
+    run,
+    settings_from_env,
+    topology_from,
+)
 
-from amqp_lab.dlq.ops import DLQ, ReplayResult, replay
+from amqp_lab.dlq.ops import ReplayResult, replay
 from amqp_lab.dlq.record import Selection, utc_iso
 
 
@@ -41,7 +49,8 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="messages per second")
     parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--queue", default=DLQ)
+    add_topology_option(parser)
+    parser.add_argument("--queue", default=None, help="the DLQ (default: the topology's)")
     parser.add_argument("--audit-log", default=str(ROOT / ".state" / "replay-audit.jsonl"))
     args = parser.parse_args()
     selection = Selection(args.message_id, args.error_type, args.since, args.until)
@@ -51,6 +60,8 @@ def main() -> int:
         )
     if (args.rate is not None and args.rate <= 0) or (args.limit is not None and args.limit < 1):
         parser.error("--rate must be > 0 and --limit >= 1")
+    if args.queue is None:
+        args.queue = topology_from(args).names.dlq
     settings = settings_from_env("amqp-lab replay")
     audit = Path(args.audit_log)
     audit.parent.mkdir(parents=True, exist_ok=True)

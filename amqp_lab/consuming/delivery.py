@@ -32,7 +32,32 @@ class DeliveryReport:
     error: str | None = None
     wait: float | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (``json.dumps(report.as_dict())``), for programs
+        that read a worker's reports: :meth:`from_dict` reads it back."""
+        return {
+            "message_id": self.message_id,
+            "outcome": self.outcome,
+            "attempts": self.attempts,
+            "redelivered": self.redelivered,
+            "error": self.error,
+            "wait": self.wait,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeliveryReport:
+        """The report :meth:`as_dict` gave. Raises KeyError or TypeError on another shape."""
+        return cls(
+            message_id=data["message_id"],
+            outcome=str(data["outcome"]),
+            attempts=int(data["attempts"]),
+            redelivered=bool(data["redelivered"]),
+            error=data.get("error"),
+            wait=data.get("wait"),
+        )
+
     def line(self) -> str:
+        """The report as one line for people: ``message_id=.. outcome=.. attempts=..``."""
         text = (
             f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
             f"redelivered={str(self.redelivered).lower()}"

@@ -9,6 +9,7 @@ import pytest
 
 from amqp_lab.settings import BrokerSettings
 from tests.support import (
+    NAMES,
     get_all,
     parse_lines,
     publish,
@@ -115,7 +116,9 @@ def test_replay_of_reject_mode_message_strips_x_death(
 def test_failed_replay_keeps_the_dlq_copy(dead: BrokerSettings) -> None:
     from amqp_lab.dlq.ops import replay
 
-    results = replay(dead, lambda e: e.message_id == "m-bad", exchange="no-such-exchange")
+    results = replay(
+        dead, lambda e: e.message_id == "m-bad", queue=NAMES.dlq, exchange="no-such-exchange"
+    )
     assert [(r.entry.message_id, r.status) for r in results] == [("m-bad", "failed")]
     assert "404" in results[0].detail
     wait_ready_count(dead, "q:tasks:dlq", 2)

@@ -115,7 +115,9 @@ def test_since_until_limit_and_rate(topology: BrokerSettings) -> None:
     )
     sleeps: list[float] = []
     selection = Selection(since=base + timedelta(hours=1), until=base + timedelta(hours=4))
-    results = replay(topology, selection.matches, limit=3, rate=20, sleep=sleeps.append)
+    results = replay(
+        topology, selection.matches, queue=NAMES.dlq, limit=3, rate=20, sleep=sleeps.append
+    )
     assert [r.entry.message_id for r in results] == ["m-1", "m-2", "m-3"]
     assert sleeps == [0.05, 0.05]  # 20 per second, nothing before the first
     wait_ready_count(topology, "q:tasks:dlq", 3)

@@ -177,7 +177,7 @@ def test_every_field_type_survives_dlq_and_replay_on_the_broker(
     store = SqliteDedupStore(tmp_path_factory.mktemp("d") / "d.sqlite3")
     Consumer(topology, lab_handler, store, ConsumerConfig(NAMES, idle_exit=0.5)).run()
     get_all(topology, "q:tasks:audit")
-    (result,) = replay(topology, lambda entry: True)
+    (result,) = replay(topology, lambda entry: True, queue=NAMES.dlq)
     assert result.status == "replayed"
     for queue in ("q:tasks", "q:tasks:audit"):
         ((method, props, got),) = get_all(topology, queue)
@@ -229,7 +229,7 @@ def test_after_retry_hops_the_record_names_the_original_and_replay_reaches_the_a
     publish(topology, ("bad", "m-hops"))
     get_all(topology, "q:tasks:audit")
     run_worker(topology, tmp_path, "--retry", "backoff", "--max-attempts", "3", "--base", "0.05")
-    (entry,) = browse(topology)  # left in the DLQ
+    (entry,) = browse(topology, NAMES.dlq)  # left in the DLQ
     record = json.loads(encode_json(entry.as_dict()))
     assert (entry.attempts, entry.exchange, entry.routing_key) == (3, "tasks", "task")
     assert entry.headers == {}  # the retry bookkeeping is not the publisher's
@@ -311,7 +311,9 @@ def test_health_reports_a_missing_work_queue_and_one_nobody_consumes(
         2,
         "ALERT: work queue 'q:tasks' has 0 consumer(s), fewer than 1; 0 message(s) waiting\n",
     )
-    consumer = Consumer(topology, lab_handler, SqliteDedupStore(tmp_path / "d.sqlite3"))
+    consumer = Consumer(
+        topology, lab_handler, SqliteDedupStore(tmp_path / "d.sqlite3"), ConsumerConfig(NAMES)
+    )
     running = Running(consumer)
     wait_for(lambda: consumer_count(topology, "q:tasks") == 1, what="consumer subscribed")
     healthy = run_script(topology, "health.py", "--dlq-depth", "0")

@@ -148,7 +148,9 @@ def test_sqlite_locked_past_its_timeout_is_retried(
     path = tmp_path / "d.sqlite3"
     store = SqliteDedupStore(path, busy_timeout=0.2)
     reports: list[DeliveryReport] = []
-    running = Running(Consumer(topology, lab_handler, store, on_report=reports.append))
+    running = Running(
+        Consumer(topology, lab_handler, store, ConsumerConfig(NAMES), on_report=reports.append)
+    )
     publish(topology, ("ok", "m-0"))
     wait_for(lambda: len(reports) == 1, what="first processed")
     other = sqlite3.connect(path, isolation_level=None)

@@ -3,12 +3,14 @@ and the ledger written through a SQLite store."""
 
 from __future__ import annotations
 
+import json
 import random
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from amqp_lab.consuming.delivery import DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import DedupStoreError
 from amqp_lab.message import Task
@@ -81,16 +83,18 @@ def test_event_plan_for_tiny_runs_and_no_chaos() -> None:
 
 def test_tally_reads_only_complete_new_lines(tmp_path: Path) -> None:
     out = tmp_path / "worker-1-0.out"
+    a = DeliveryReport("a", "processed", 1, False)
+    b = DeliveryReport("b", "duplicate", 1, True)
+    c = json.dumps(DeliveryReport("c", "processed", 2, True).as_dict())
     out.write_text(
-        "message_id=a outcome=processed attempts=1 redelivered=false\n"
+        json.dumps(a.as_dict()) + "\n"
         "some other line\n"
-        "message_id=b outcome=duplicate attempts=1 redelivered=true\n"
-        "message_id=c outcome=proc"  # cut short by a SIGKILL, so far
+        "{not json\n" + json.dumps(b.as_dict()) + "\n" + c[:20]  # cut short by a SIGKILL, so far
     )
     tally = OutputTally()
     assert tally.update([out, tmp_path / "missing.out"]) == 2
     with out.open("a") as f:
-        f.write("essed attempts=2 redelivered=true\n")
+        f.write(c[20:] + "\n")
     assert tally.update([out]) == 3
     assert dict(tally.counts) == {
         "deliveries": 3,
