@@ -31,6 +31,16 @@ from amqp_lab.errors import (
 )
 from amqp_lab.settings import BrokerSettings, mask_secrets
 
+__all__ = [
+    "TLS_QUERY_KEYS",
+    "channel_error",
+    "close_quietly",
+    "connect",
+    "connection_parameters",
+    "open_channel",
+    "translate",
+]
+
 TLS_QUERY_KEYS = ("cacertfile", "certfile", "keyfile", "server_name_indication", "verify")
 
 

@@ -8,6 +8,39 @@ a failed delivery must be settled.
 
 from __future__ import annotations
 
+__all__ = [
+    "AccessRefused",
+    "AmqpLabError",
+    "AuthenticationFailed",
+    "BrokerBlocked",
+    "BrokerConnectionError",
+    "BrokerUnavailable",
+    "BusinessError",
+    "ChannelError",
+    "ConfigurationError",
+    "ConnectionLost",
+    "ConsumerCancelled",
+    "DeadLetterFailed",
+    "DedupStoreError",
+    "HandlerError",
+    "InvalidMessage",
+    "ManagementError",
+    "MessageNacked",
+    "MessageUnroutable",
+    "NotFound",
+    "PoisonMessage",
+    "PreconditionFailed",
+    "PublishError",
+    "PublishFailed",
+    "QueueNotFound",
+    "RetryTopologyError",
+    "StoreUnavailable",
+    "TopologyError",
+    "TransientError",
+    "UnencodableMessage",
+    "VhostAccessDenied",
+]
+
 
 class AmqpLabError(Exception):
     """Root of every error amqp-lab raises. ``str(e)`` is one line with no password in it."""

@@ -15,6 +15,10 @@ import httpx
 from amqp_lab.errors import ManagementError
 from amqp_lab.settings import BrokerSettings, mask_secrets
 
+__all__ = [
+    "ManagementClient",
+]
+
 
 def _policy_body(
     pattern: str, definition: dict[str, Any], priority: int, apply_to: str

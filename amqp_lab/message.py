@@ -19,6 +19,31 @@ from amqp_lab.fieldtable import FieldTableError
 from amqp_lab.topology.model import Names
 from amqp_lab.wire import AmqpProperties
 
+__all__ = [
+    "ATTEMPTS_HEADER",
+    "BOOKKEEPING_HEADERS",
+    "BROKER_HEADERS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "FIRST_SEEN_HEADER",
+    "JSON",
+    "MAX_EXPIRATION_MS",
+    "MAX_PROPERTIES_BYTES",
+    "ORIGINAL_EXCHANGE_HEADER",
+    "ORIGINAL_ROUTING_KEY_HEADER",
+    "PROPERTY_NAMES",
+    "REPLAYED_PROPERTIES",
+    "OutgoingMessage",
+    "Task",
+    "decode_body",
+    "encode_json",
+    "header_attempts",
+    "is_json",
+    "message_for",
+    "original_destination",
+    "properties_of",
+    "user_headers",
+]
+
 JSON = "application/json"
 ATTEMPTS_HEADER = "attempts"
 FIRST_SEEN_HEADER = "first_seen_at"

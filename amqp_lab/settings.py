@@ -11,6 +11,13 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from amqp_lab.errors import ConfigurationError
 
+__all__ = [
+    "DEFAULT_MANAGEMENT_PORT",
+    "BrokerSettings",
+    "mask_secrets",
+    "mask_url",
+]
+
 DEFAULT_MANAGEMENT_PORT = 15672
 # Greedy up to the last "@" of the token: a raw "@" in a password must not end the mask early.
 _PASSWORD_IN_URL = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)\S*@")

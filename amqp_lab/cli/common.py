@@ -20,6 +20,19 @@ from amqp_lab.errors import AmqpLabError, ConfigurationError
 from amqp_lab.settings import BrokerSettings, mask_url
 from amqp_lab.topology import DEFAULT_TOPOLOGY, Topology, load_topology
 
+__all__ = [
+    "EXIT_ALERT",
+    "EXIT_CANNOT_RESTART",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_UNROUTABLE",
+    "add_topology_option",
+    "load_callable",
+    "run",
+    "settings_from_env",
+    "topology_from",
+]
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ALERT = 2

@@ -21,6 +21,7 @@ from amqp_lab.consuming.settlement import Outcome, Settlement
 from amqp_lab.dlq.record import build_record, fallback_record, record_message
 from amqp_lab.errors import DeadLetterFailed, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 
@@ -126,14 +127,10 @@ class ConfirmedWriter:
             try:
                 if self._channel is None or not self._channel.is_open:
                     self.open(connection)
-                self._channel.basic_publish(
-                    message.exchange, message.routing_key, message.body, properties, mandatory=True
-                )
-                return
-            except pe.UnroutableError:
-                problem = "returned unroutable"
-            except pe.NackError:
-                problem = "nacked by the broker"
+                reply = publish_and_wait(self._channel, message, properties)
+                if reply is Reply.ACK:
+                    return
+                problem = str(outcome_error(reply, message))
             except pe.ChannelClosedByBroker as e:
                 self._channel = None
                 if e.reply_code == 403:

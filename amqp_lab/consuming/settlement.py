@@ -34,6 +34,16 @@ from enum import StrEnum
 from amqp_lab.errors import BusinessError, PoisonMessage, TransientError
 from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
 
+__all__ = [
+    "TRANSIENT_HTTP_STATUSES",
+    "Action",
+    "Outcome",
+    "Settlement",
+    "attempt_number",
+    "classify",
+    "decide",
+]
+
 TRANSIENT_HTTP_STATUSES = frozenset({408, 429, 502, 503, 504})
 
 

@@ -24,6 +24,19 @@ from amqp_lab.errors import ConfigurationError
 from amqp_lab.retry.broker_held import wait_bound
 from amqp_lab.retry.policy import RetryPolicy
 
+__all__ = [
+    "DAY",
+    "DEFAULT_PURGE_INTERVAL",
+    "DEFAULT_REPLAY_WINDOW",
+    "DEFAULT_RETENTION",
+    "PeriodicPurge",
+    "check_retention",
+    "cutoff",
+    "minimum_retention",
+    "purge_expired",
+    "retry_horizon",
+]
+
 log = logging.getLogger(__name__)
 
 DAY = 86400.0

@@ -23,6 +23,14 @@ from amqp_lab.errors import AmqpLabError
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 
+__all__ = [
+    "PROGRESS_EVERY",
+    "ReplayResult",
+    "browse",
+    "depth",
+    "replay",
+]
+
 PROGRESS_EVERY = 100
 
 

@@ -39,6 +39,29 @@ from amqp_lab.message import (
     user_headers,
 )
 
+__all__ = [
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_TRACEBACK_CHARS",
+    "RECORD_FORMAT",
+    "RECORD_TYPE",
+    "DlqEntry",
+    "DlqSummary",
+    "Selection",
+    "bounded_traceback",
+    "build_record",
+    "decode_payload",
+    "encode_payload",
+    "encode_record",
+    "fallback_record",
+    "json_depth",
+    "parse_time",
+    "record_message",
+    "replay_message",
+    "summarize",
+    "utc_iso",
+    "view_of",
+]
+
 RECORD_TYPE = "dlq-record"
 RECORD_FORMAT = 2
 MAX_TRACEBACK_CHARS = 8000

@@ -42,12 +42,15 @@ from amqp_lab.connection import close_quietly, connect, translate
 from amqp_lab.errors import (
     BrokerUnavailable,
     ConnectionLost,
-    MessageNacked,
-    MessageUnroutable,
-    PublishFailed,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
 from amqp_lab.settings import BrokerSettings
+
+__all__ = [
+    "PublishRetry",
+    "Publisher",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,23 +118,18 @@ class Publisher:
         channel = self._ensure_channel()
         self.attempts_made += 1
         try:
-            channel.basic_publish(
-                message.exchange, message.routing_key, message.body, properties, mandatory=True
-            )
-        except pe.UnroutableError as e:
-            raise MessageUnroutable(
-                f"unroutable: exchange {message.exchange!r} has no queue bound for routing key "
-                f"{message.routing_key!r}",
-                message.message_id,
-            ) from e
-        except pe.NackError as e:
-            raise _Nacked() from e
+            reply = publish_and_wait(channel, message, properties)
         except pe.ChannelClosedByBroker as e:
             self._channel = None  # replace the dead channel; the connection is still good
             raise translate(e, self.settings) from e
         except Exception as e:
             self.close()
             raise translate(e, self.settings) from e
+        if reply is Reply.NACKED:
+            raise _Nacked()
+        error = outcome_error(reply, message)
+        if error is not None:
+            raise error
 
     def publish(self, message: OutgoingMessage) -> None:
         """Publish ``message`` and wait for its publisher confirm; see the module doc for the
@@ -161,10 +159,8 @@ class Publisher:
         try:
             retrying(self._publish_once, message, properties)
         except _Nacked as e:
-            raise MessageNacked(
-                f"nacked by the broker {self.retry.max_attempts} times", message.message_id
-            ) from e
+            tries = self.retry.max_attempts
+            raise outcome_error(Reply.NACKED, message, tries=tries) or e from e
         except (ConnectionLost, BrokerUnavailable) as e:
-            raise PublishFailed(
-                f"not confirmed after {self.retry.max_attempts} attempts: {e}", message.message_id
-            ) from e
+            tries = self.retry.max_attempts
+            raise outcome_error(Reply.LOST, message, tries=tries, detail=str(e)) or e from e

@@ -55,15 +55,21 @@ from amqp_lab.errors import (
     AmqpLabError,
     AuthenticationFailed,
     BrokerBlocked,
-    MessageNacked,
-    MessageUnroutable,
     PublishFailed,
     UnencodableMessage,
     VhostAccessDenied,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.publishing.confirm import Reply, outcome_error
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
+
+__all__ = [
+    "MAX_CHANNEL_REOPENS",
+    "Outcome",
+    "PipelinedPublisher",
+    "PublishBatch",
+]
 
 log = logging.getLogger(__name__)
 MAX_CHANNEL_REOPENS = 5
@@ -410,18 +416,8 @@ class PipelinedPublisher:
         nacked = isinstance(method, pika.spec.Basic.Nack)
         outcomes: list[tuple[_Item, AmqpLabError | None]] = []
         for item in self._confirmed_items(tag, method.multiple):
-            message_id = item.message.message_id
             if item.returned:
-                outcomes.append(
-                    (
-                        item,
-                        MessageUnroutable(
-                            f"unroutable: exchange {item.message.exchange!r} has no queue "
-                            f"bound for routing key {item.message.routing_key!r}",
-                            message_id,
-                        ),
-                    )
-                )
+                outcomes.append((item, outcome_error(Reply.RETURNED, item.message)))
             elif not nacked:
                 outcomes.append((item, None))
                 self._channel_reopens = 0
@@ -430,9 +426,7 @@ class PipelinedPublisher:
                 self._waiting[id(item)] = item
                 self._ioloop.call_later(wait, lambda i=item: self._retry(i))
             else:
-                outcomes.append(
-                    (item, MessageNacked(f"nacked by the broker {item.tries} times", message_id))
-                )
+                outcomes.append((item, outcome_error(Reply.NACKED, item.message, tries=item.tries)))
         self._resolve(outcomes)
 
     def _confirmed_items(self, tag: int, multiple: bool) -> list[_Item]:
@@ -463,12 +457,10 @@ class PipelinedPublisher:
         spent: list[tuple[_Item, AmqpLabError | None]] = []
         for _, item in sorted(self._unconfirmed.items(), reverse=True):
             if item.tries >= self.max_attempts:
-                error = PublishFailed(
-                    f"sent {item.tries} times; each time the connection or channel closed "
-                    "before the broker confirmed it",
-                    item.message.message_id,
+                detail = "each time the connection or channel closed before the broker confirmed"
+                spent.append(
+                    (item, outcome_error(Reply.LOST, item.message, tries=item.tries, detail=detail))
                 )
-                spent.append((item, error))
             else:
                 self._outstanding.appendleft(item)
         self._unconfirmed.clear()

@@ -30,6 +30,13 @@ from amqp_lab.message import (
 )
 from amqp_lab.retry.policy import RetryPolicy, capped, full_jitter
 
+__all__ = [
+    "expiration_ms",
+    "retry_copy",
+    "retry_wait",
+    "wait_bound",
+]
+
 
 def wait_bound(policy: RetryPolicy, attempts: int) -> float:
     """Upper bound in seconds of the wait after failure ``attempts``: min(cap, base*2**(n-1))."""
