@@ -3,24 +3,31 @@
 
 With EAI_AMQP_URL set, everything happens in that URL's vhost and nowhere else. Without it, the
 demo starts scripts/broker.py's dedicated node (if it is not running) and uses a fresh vhost
-``amqp-lab-demo`` on it.
+``amqp-lab-demo`` on it; that node is left running, and the last lines say so and how to stop
+it (``python scripts/broker.py stop``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import uuid
 
-from _cli import ROOT, run
+from _cli import EXIT_FAILED, EXIT_OK, ROOT, run
 
+from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
-from amqp_lab.settings import BrokerSettings
+from amqp_lab.settings import BrokerSettings, mask_url
 from lab.local_broker import LocalBroker
 
 DEMO_VHOST = "amqp-lab-demo"
 summary: list[str] = []
+
+
+class DemoStopped(Exception):
+    """A step's script exited with a code the demo does not expect."""
 
 
 def step(title: str) -> None:
@@ -40,7 +47,7 @@ def script(name: str, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.Comp
         print(f"    {line}")
     print(f"    (exit {result.returncode})", flush=True)
     if result.returncode not in ok:
-        raise SystemExit(f"demo stopped: scripts/{name} exited {result.returncode}")
+        raise DemoStopped(f"demo stopped: scripts/{name} exited {result.returncode}")
     return result
 
 
@@ -48,18 +55,23 @@ def count(text: str, needle: str) -> int:
     return sum(needle in line for line in text.splitlines())
 
 
-def prepare_broker() -> None:
-    if os.environ.get("EAI_AMQP_URL"):
+def prepare_broker(node: LocalBroker | None, left_running: list[str]) -> None:
+    """Use EAI_AMQP_URL's broker, or (``node``) the dedicated local node in a fresh vhost.
+    Once that node runs, ``left_running`` says whether this demo started it."""
+    if node is None:
         settings = BrokerSettings(os.environ["EAI_AMQP_URL"], os.environ.get("EAI_MGMT_URL"))
         print(f"broker from EAI_AMQP_URL: {settings.masked_url}")
         return
-    node = LocalBroker()
     print(
         f"EAI_AMQP_URL is unset: using the dedicated node {node.nodename} "
         f"(127.0.0.1:{node.amqp_port}); starting it if needed (about 10 s)",
         flush=True,
     )
-    node.start()
+    if node.is_running():
+        left_running.append("it was already running")
+    else:
+        node.start()
+        left_running.append("started by this demo")
     root = BrokerSettings(node.amqp_url, node.management_url)
     with ManagementClient(root) as api:
         api.delete_vhost(DEMO_VHOST)
@@ -71,9 +83,37 @@ def prepare_broker() -> None:
     print(f"fresh vhost {DEMO_VHOST!r}: {demo.masked_url}")
 
 
+def say_broker_left_running(node: LocalBroker, how: str) -> None:
+    """The demo's last lines when it leaves the dedicated node running."""
+    print(
+        f"\nThe broker is still running: node {node.nodename} ({how}), AMQP "
+        f"127.0.0.1:{node.amqp_port}, management {node.management_url} (guest/guest), "
+        f"vhost {DEMO_VHOST!r} kept for a look.",
+        flush=True,
+    )
+    print("Stop it with: python scripts/broker.py stop", flush=True)
+
+
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    node = None if os.environ.get("EAI_AMQP_URL") else LocalBroker()
+    left_running: list[str] = []  # how the dedicated node came to run, once it does
+    try:
+        return demo(node, left_running)
+    except DemoStopped as e:
+        print(e, file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except AmqpLabError as e:
+        print(f"error: {mask_url(str(e))}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    finally:  # on success, failure or Ctrl-C alike: a node we leave running is named last
+        if node is not None and left_running and node.is_running():
+            say_broker_left_running(node, left_running[0])
+
+
+def demo(node: LocalBroker | None, left_running: list[str]) -> int:
     step("1. broker")
-    prepare_broker()
+    prepare_broker(node, left_running)
 
     step("2. topology (applied twice: the second run changes nothing), then verified")
     script("setup_topology.py")
@@ -130,7 +170,7 @@ def main() -> int:
     step("summary")
     for line in summary:
         print(f"  - {line}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

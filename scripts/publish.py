@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Publish lab tasks with publisher confirms, mandatory and persistence.
+"""Publish lab tasks, or your own JSON bodies (--body), with publisher confirms, mandatory and
+persistence, to the topology's exchange and routing key (--topology FILE).
 
 One line per message: ``message_id=<id> status=confirmed|unroutable|nacked|failed``.
 Exit 0 only if every message was confirmed; 3 if any was unroutable; 1 otherwise.
@@ -8,22 +9,37 @@ Exit 0 only if every message was confirmed; 3 if any was unroutable; 1 otherwise
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import uuid
 
-from _cli import EXIT_FAILED, EXIT_OK, EXIT_UNROUTABLE, run, settings_from_env
+from _cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNROUTABLE,
+    add_topology_option,
+    run,
+    settings_from_env,
+    topology_from,
+)
 
 from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
+from amqp_lab.message import ATTEMPTS_HEADER, message_for
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=KINDS, default="ok")
+    add_topology_option(parser)
+    parser.add_argument("--kind", choices=KINDS, default="ok", help="a lab task of this kind")
+    parser.add_argument(
+        "--body", default=None, metavar="JSON", help="publish this JSON value instead of a lab task"
+    )
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--message-id", help="default: a new uuid4 per message")
-    parser.add_argument("--routing-key", default="task")
-    parser.add_argument("--exchange", default="tasks")
+    parser.add_argument("--routing-key", default=None, help="default: the topology's")
+    parser.add_argument("--exchange", default=None, help="default: the topology's")
     parser.add_argument(
         "--transient", action="store_true", help="delivery_mode 1 (only for the durability demo)"
     )
@@ -37,20 +53,40 @@ def main() -> int:
     args = parser.parse_args()
     if args.count < 1:
         parser.error("--count must be >= 1")
+    body = None
+    if args.body is not None:
+        try:
+            body = json.loads(args.body)
+        except ValueError as e:
+            parser.error(f"--body is not JSON: {e}")
+    names = topology_from(args).names
+    exchange = names.exchange if args.exchange is None else args.exchange
+    routing_key = names.routing_key if args.routing_key is None else args.routing_key
     settings = settings_from_env(
         "amqp-lab publish", blocked_connection_timeout=args.blocked_timeout
     )
     unroutable = failed = 0
     with Publisher(settings, PublishRetry(max_attempts=args.retries)) as publisher:
         for seq in range(1, args.count + 1):
-            message = task_message(
-                args.kind,
-                seq,
-                args.message_id or str(uuid.uuid4()),
-                exchange=args.exchange,
-                routing_key=args.routing_key,
-                persistent=not args.transient,
-            )
+            message_id = args.message_id or str(uuid.uuid4())
+            if body is None:
+                message = task_message(
+                    args.kind,
+                    seq,
+                    message_id,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    persistent=not args.transient,
+                )
+            else:
+                message = message_for(
+                    names,
+                    body,
+                    message_id=message_id,
+                    headers={ATTEMPTS_HEADER: 0},
+                    persistent=not args.transient,
+                )
+                message = dataclasses.replace(message, exchange=exchange, routing_key=routing_key)
             status, detail, stop = "confirmed", "", False
             try:
                 publisher.publish(message)

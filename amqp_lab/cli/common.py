@@ -103,11 +103,15 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 
 def load_callable(spec: str) -> Any:
-    """``package.module:function`` (a handler, say) imported and returned. Raises
+    """``package.module:function`` (a handler, say) imported and returned, looked up like
+    ``python -m`` does: the current directory first, then the installed packages. Raises
     ConfigurationError naming what is missing."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"{spec!r}: expected package.module:function")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)  # a console script's sys.path[0] is the venv's bin/
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -402,8 +402,8 @@ class Consumer:
                     else:
                         message = (
                             f"queue {q!r} does not exist in vhost {vhost!r}: declare it "
-                            "(scripts/setup_topology.py applies topology/definitions.json), or "
-                            "wait for it (worker.py --wait-for-queue SECONDS)"
+                            "(scripts/setup_topology.py --topology FILE, or amqp-lab-topology, "
+                            "applies a topology), or wait for it (--wait-for-queue SECONDS)"
                         )
                     raise QueueNotFound(message, q, vhost) from e
                 connection.sleep(0.5)

@@ -152,8 +152,8 @@ def test_missing_queue_at_start_fails_within_seconds_naming_queue_vhost_and_fix(
     assert result.returncode == 1
     assert result.stderr == (
         f"error: queue 'q:tasks' does not exist in vhost '{vhost.vhost}': declare it "
-        "(scripts/setup_topology.py applies topology/definitions.json), or wait for it "
-        "(worker.py --wait-for-queue SECONDS)\n"
+        "(scripts/setup_topology.py --topology FILE, or amqp-lab-topology, applies a topology), "
+        "or wait for it (--wait-for-queue SECONDS)\n"
     )
 
 

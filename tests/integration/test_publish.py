@@ -42,6 +42,28 @@ def test_message_id_option_and_transient(topology: BrokerSettings) -> None:
     assert (props.message_id, props.delivery_mode) == ("fixed-1", 1)
 
 
+def test_publish_a_json_body_of_your_own(topology: BrokerSettings) -> None:
+    body = '{"invoice_id": "INV-7", "amount_cents": 1200}'
+    result = run_script(topology, "publish.py", "--body", body, "--message-id", "inv-7")
+    assert (result.returncode, result.stdout.splitlines()[0]) == (
+        0,
+        "message_id=inv-7 status=confirmed",
+    )
+    ((_, props, raw),) = get_all(topology, "q:tasks")
+    assert (props.message_id, props.content_type, props.delivery_mode) == (
+        "inv-7",
+        "application/json",
+        2,
+    )
+    assert (raw, props.headers) == (b'{"amount_cents":1200,"invoice_id":"INV-7"}', {"attempts": 0})
+
+
+def test_a_body_that_is_not_json_is_refused_before_connecting(vhost: BrokerSettings) -> None:
+    result = run_script(vhost, "publish.py", "--body", "{not json")
+    assert result.returncode == 2
+    assert "--body is not JSON: Expecting property name" in result.stderr
+
+
 def test_unroutable_exits_3_without_retry(topology: BrokerSettings) -> None:
     """Scenario S2: mandatory + confirms turns a silent drop into an 'unroutable' outcome."""
     result = run_script(topology, "publish.py", "--routing-key", "nowhere")

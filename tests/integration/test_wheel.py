@@ -74,7 +74,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def run_in(cwd: Path, settings: BrokerSettings, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in script_env(settings).items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(cwd)  # the user's own module, and nothing of the repository
+    # the user's own module is found in the working directory, as with python -m
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
