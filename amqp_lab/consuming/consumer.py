@@ -142,6 +142,13 @@ class ConsumerConfig:
                 "max_redeliveries, reconnect_attempts, dead_letter_attempts and concurrency "
                 "must be >= 1"
             )
+        if self.concurrency * self.ack_batch > self.prefetch:
+            raise ConfigurationError(
+                f"concurrency {self.concurrency} x ack_batch {self.ack_batch} needs a prefetch of "
+                f"at least {self.concurrency * self.ack_batch} (it is {self.prefetch}): the broker "
+                "sends no more than prefetch unacked deliveries, so handlers would sit idle; "
+                f"{2 * self.concurrency * self.ack_batch} keeps them all busy"
+            )
         if self.retry.mode == "backoff" and (
             self.names.retry_exchange is None or self.retry.max_attempts > self.names.max_attempts
         ):
@@ -278,8 +285,12 @@ class Consumer:
             if not self._await_queue(connection):
                 return  # a stop was asked for while waiting: nothing was in flight
             self._verify_topology()
-            # a batch waits at most ack_interval for more deliveries
-            tick = self.config.ack_interval if self.config.ack_batch > 1 else 0.25
+            # a batch waits at most ack_interval for more deliveries; with concurrent handlers
+            # a finished one is settled within 50 ms even when no delivery arrives
+            if self.config.ack_batch > 1:
+                tick = self.config.ack_interval
+            else:
+                tick = 0.25 if self.config.concurrency == 1 else 0.05
             consuming = channel.consume(self.config.queue, inactivity_timeout=tick)
         except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
@@ -330,6 +341,10 @@ class Consumer:
             elif method is None and units:
                 # nothing more arrived: settle what is done (everything, with one unit)
                 self._settle_done(connection, channel, units, block=self.config.concurrency == 1)
+            if units and self._in_flight + len(pending) + len(self._parked) >= self.config.prefetch:
+                # the broker sends nothing more until something is settled: wait for a handler
+                # (pika's consume generator would only look again after its inactivity tick)
+                self._settle_done(connection, channel, units, block=True)
             if self._done():
                 break
             idle = self.config.idle_exit
@@ -354,12 +369,18 @@ class Consumer:
         units: list[_InFlight],
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
-        """Decode ``deliveries`` into a unit, wait for room among the ``concurrency`` units in
-        flight (settling finished ones meanwhile), and hand the unit to a handler thread."""
-        batch = self._prepare(deliveries)
-        self._in_flight += len(batch)
+        """Wait for room among the ``concurrency`` units in flight (settling finished ones
+        meanwhile), decode ``deliveries`` into a unit and hand it to a handler thread. A stop
+        asked for while waiting starts nothing more: the deliveries go back to the queue
+        (basic.reject requeue), as everything prefetched but not started does on a drain."""
         while len(units) >= self.config.concurrency:
             self._settle_done(connection, channel, units, block=True)
+            if self._stop.is_set():
+                for method, _, _ in deliveries:
+                    channel.basic_reject(method.delivery_tag, requeue=True)
+                return
+        batch = self._prepare(deliveries)
+        self._in_flight += len(batch)
         units.append((batch, self._submit(connection, batch)))
 
     def _settle_done(

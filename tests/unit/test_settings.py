@@ -310,3 +310,14 @@ def test_with_vhost_leaves_the_original_unchanged() -> None:
     original = BrokerSettings("amqp://app:pw@rabbit/prod")
     original.with_vhost("other")
     assert original.vhost == "prod"
+
+
+def test_concurrency_beyond_the_prefetch_is_refused() -> None:
+    from amqp_lab.consuming.consumer import ConsumerConfig
+    from amqp_lab.errors import ConfigurationError
+    from amqp_lab.topology import load_topology
+
+    names = load_topology().names
+    assert ConsumerConfig(names, prefetch=8, ack_batch=2, concurrency=4).concurrency == 4
+    with pytest.raises(ConfigurationError, match=r"needs a prefetch of at least 9 \(it is 8\)"):
+        ConsumerConfig(names, prefetch=8, ack_batch=3, concurrency=3)
