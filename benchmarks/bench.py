@@ -8,12 +8,12 @@ dedup commit). Then publish->processed latency (p50 / p99) at a fixed rate, with
 another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and deletes it.
 
 The bench queue is declared like the work queue q:tasks is configured: durable, with the
-queue-mode its policy in topology/definitions.json sets (lazy; the policy itself would need the
-management API). Every path starts on a freshly declared queue. Both consume paths read the same
-n messages (our publisher's: message_id, content_type, timestamp), published the same way, and
-start once the broker holds all of them.
+queue-mode its policy in amqp_lab/topology/definitions.json sets (lazy; the policy itself would
+need the management API). Every path starts on a freshly declared queue. Both consume paths
+read the same n messages (our publisher's: message_id, content_type, timestamp), published the
+same way, and start once the broker holds all of them.
 
-    python scripts/bench.py [--messages 20000] [--repeat 5] [--json]
+    python benchmarks/bench.py [--messages 20000] [--repeat 5] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+# isort: split
+# Started by another Python than the repository's .venv, scripts/_cli re-executes this file with
+# the venv's interpreter (as every script does), before any dependency is imported.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import _cli  # noqa: F401
+
+# isort: split
 
 import pika
 

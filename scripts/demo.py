@@ -85,11 +85,10 @@ def prepare_broker(node: LocalBroker | None, left_running: list[str]) -> None:
 
 def say_broker_left_running(node: LocalBroker, how: str) -> None:
     """The demo's last lines when it leaves the dedicated node running."""
+    print(f"\nThe broker is still running ({how}): node {node.nodename},")
     print(
-        f"\nThe broker is still running: node {node.nodename} ({how}), AMQP "
-        f"127.0.0.1:{node.amqp_port}, management {node.management_url} (guest/guest), "
-        f"vhost {DEMO_VHOST!r} kept for a look.",
-        flush=True,
+        f"AMQP 127.0.0.1:{node.amqp_port}, management {node.management_url} (guest/guest), "
+        f"vhost {DEMO_VHOST!r}."
     )
     print("Stop it with: python scripts/broker.py stop", flush=True)
 

@@ -7,5 +7,5 @@ source scripts/_venv.sh
 PY=$(venv_python)
 BIN=$(dirname "$PY")
 echo "== ruff"; "$BIN/ruff" check . && "$BIN/ruff" format --check .
-echo "== mypy"; "$BIN/mypy" amqp_lab
+echo "== mypy"; "$BIN/mypy"  # files: pyproject.toml [tool.mypy]
 echo "== pytest"; exec "$BIN/pytest" "$@"

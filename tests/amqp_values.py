@@ -84,5 +84,5 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, TaggedInt):
         return a.tag == b.tag and int(a) == int(b)
     if isinstance(a, Decimal):
-        return a.as_tuple() == b.as_tuple()
+        return bool(a.as_tuple() == b.as_tuple())
     return bool(a == b)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from amqp_lab.connection import open_channel
+from amqp_lab.consuming.consumer import ConsumerConfig
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import load_topology
@@ -30,12 +31,37 @@ def script_env(settings: BrokerSettings) -> dict[str, str]:
     return env
 
 
+TEST_CONCURRENCY = int(os.environ.get("AMQP_LAB_TEST_CONCURRENCY", "1"))
+"""Handlers at once in the tests' consumers and workers (CI runs the failure model with 4)."""
+
+
+def with_concurrency(name: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """worker.py's arguments with ``--concurrency`` TEST_CONCURRENCY, bounded by its prefetch
+    (each handler needs a delivery of its own), unless the test sets one itself."""
+    if name != "worker.py" or TEST_CONCURRENCY == 1 or "--concurrency" in args:
+        return args
+    prefetch = int(args[args.index("--prefetch") + 1]) if "--prefetch" in args else None
+    batch = int(args[args.index("--ack-batch") + 1]) if "--ack-batch" in args else 1
+    concurrency = (
+        TEST_CONCURRENCY if prefetch is None else max(1, min(TEST_CONCURRENCY, prefetch // batch))
+    )
+    return (*args, "--concurrency", str(concurrency))
+
+
+def consumer_config(**options: Any) -> ConsumerConfig:
+    """ConsumerConfig for the lab topology, with TEST_CONCURRENCY handlers at once (bounded by
+    prefetch / ack_batch) unless ``concurrency`` is given."""
+    prefetch, batch = options.get("prefetch", 10), options.get("ack_batch", 1)
+    options.setdefault("concurrency", max(1, min(TEST_CONCURRENCY, prefetch // batch)))
+    return ConsumerConfig(NAMES, **options)
+
+
 def run_script(
     settings: BrokerSettings, name: str, *args: str, timeout: float = 60, **kw: Any
 ) -> subprocess.CompletedProcess[str]:
     """Run scripts/<name> as a user would, with EAI_AMQP_URL / EAI_MGMT_URL for ``settings``."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / name), *args],
+        [sys.executable, str(ROOT / "scripts" / name), *with_concurrency(name, args)],
         env=script_env(settings),
         capture_output=True,
         text=True,
@@ -75,7 +101,7 @@ def consumer_count(settings: BrokerSettings, queue: str) -> int:
 
 def get_all(settings: BrokerSettings, queue: str) -> list[tuple[Any, Any, bytes]]:
     """Consume (basic.get + ack) every message in ``queue``: [(method, properties, body)]."""
-    messages = []
+    messages: list[tuple[Any, Any, bytes]] = []
     with open_channel(settings) as channel:
         while True:
             method, properties, body = channel.basic_get(queue, auto_ack=True)
@@ -140,7 +166,7 @@ def lines_for(rows: list[dict[str, str]], message_id: str) -> list[tuple[str, st
 def start_script(settings: BrokerSettings, name: str, *args: str) -> subprocess.Popen[str]:
     """Start scripts/<name> in the background (stdout and stderr piped, text)."""
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / name), *args],
+        [sys.executable, str(ROOT / "scripts" / name), *with_concurrency(name, args)],
         env=script_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

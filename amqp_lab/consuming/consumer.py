@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
 transaction that also records the message_id (with ``ack_batch`` > 1 and a store that has
-``process_batch``, a :class:`~amqp_lab.dedup.SavepointConnection` over the batch's one
+``process_batch``, a :class:`~amqp_lab.dedup.HandlerDb` over the batch's one
 transaction: use ``db.execute`` and friends, never commit). Raise BusinessError or
 TransientError (or any exception, treated as unknown: retried like a transient one) to fail."""
 

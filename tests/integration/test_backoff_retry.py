@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.record import record_message
 from amqp_lab.errors import TransientError
@@ -24,7 +24,15 @@ from amqp_lab.retry.broker_held import wait_bound
 from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
-from tests.support import NAMES, get_all, lines_for, publish, ready_count, run_script, run_worker
+from tests.support import (
+    consumer_config,
+    get_all,
+    lines_for,
+    publish,
+    ready_count,
+    run_script,
+    run_worker,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 WAIT_QUEUES = [f"q:tasks:wait:{n}" for n in range(1, 10)]
@@ -88,7 +96,7 @@ def run_consumer(
         settings,
         handler,
         store,
-        ConsumerConfig(NAMES, prefetch=10, idle_exit=idle, retry=policy),
+        consumer_config(prefetch=10, idle_exit=idle, retry=policy),
         on_report=reports.append,
         uniform=uniform,
     ).run()

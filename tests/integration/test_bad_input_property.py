@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.fieldtable import table_from_typed
 from amqp_lab.settings import BrokerSettings
 from lab.handler import lab_handler
-from tests.support import NAMES, get_all, ready_count
+from tests.support import consumer_config, get_all, ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_every_random_message_ends_processed_or_in_dlq(
         topology,
         lab_handler,
         store,
-        ConsumerConfig(NAMES, prefetch=5, idle_exit=1.0),
+        consumer_config(prefetch=5, idle_exit=1.0),
         on_report=reports.append,
     ).run()
     final = [r for r in reports if r.outcome in ("processed", "duplicate", "dead-lettered")]

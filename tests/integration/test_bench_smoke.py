@@ -1,31 +1,38 @@
-"""bench.py runs and prints its summary (the figures themselves belong to the benchmark)."""
+"""benchmarks/bench.py runs and prints its summary (the figures belong to the benchmark)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from amqp_lab.settings import BrokerSettings
-from tests.support import run_script
+from tests.support import ROOT, script_env
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(240)
 def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
-    result = run_script(
-        vhost,
-        "bench.py",
-        "--messages",
-        "400",
-        "--repeat",
-        "1",
-        "--seconds",
-        "1",
-        "--rate",
-        "200",
-        "--json",
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench.py"),
+            "--messages",
+            "400",
+            "--repeat",
+            "1",
+            "--seconds",
+            "1",
+            "--rate",
+            "200",
+            "--json",
+        ],
+        env=script_env(vhost),
+        capture_output=True,
+        text=True,
         timeout=200,
     )
     assert result.returncode == 0, result.stderr

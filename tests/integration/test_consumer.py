@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
 from tests.support import (
-    NAMES,
     ROOT,
+    consumer_config,
     get_all,
     lines_for,
     publish,
@@ -126,7 +126,7 @@ def test_prefetch_bounds_unacked_deliveries(topology: BrokerSettings, tmp_path: 
         topology,
         held,
         store,
-        ConsumerConfig(NAMES, prefetch=5, idle_exit=1.0),
+        consumer_config(prefetch=5, idle_exit=1.0),
         on_report=lambda r: None,
     )
     thread = threading.Thread(target=consumer.run, daemon=True)
@@ -210,7 +210,7 @@ def test_heartbeats_flow_while_a_long_handler_runs(
         settings,
         slow,
         store,
-        ConsumerConfig(NAMES, prefetch=1, idle_exit=1.0),
+        consumer_config(prefetch=1, idle_exit=1.0),
         on_report=reports.append,
     )
     assert consumer.run() == 1

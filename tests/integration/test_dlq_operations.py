@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.ops import replay
 from amqp_lab.dlq.record import Selection, build_record, record_message
@@ -19,7 +19,7 @@ from amqp_lab.errors import BusinessError
 from amqp_lab.message import Task, encode_json
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
-from tests.support import NAMES, ready_count, run_script, wait_ready_count
+from tests.support import NAMES, consumer_config, ready_count, run_script, wait_ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +149,7 @@ def test_replaying_a_message_twice_applies_it_once(
         topology,
         fixed_handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, idle_exit=1.0),
+        consumer_config(idle_exit=1.0),
         on_report=reports.append,
     ).run()
     assert [r.outcome for r in reports] == ["processed", "duplicate"]

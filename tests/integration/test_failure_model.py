@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.fieldtable import TaggedInt
@@ -34,7 +34,7 @@ from lab.handler import CRASH_EXIT_CODE, lab_handler, task_message
 from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.support import (
-    NAMES,
+    consumer_config,
     consumer_count,
     get_all,
     lines_for,
@@ -102,7 +102,7 @@ def test_broker_cancel_resubscribes_when_the_queue_comes_back(
         topology,
         lab_handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, resubscribe_wait=30),
+        consumer_config(resubscribe_wait=30),
         on_report=reports.append,
     )
     running = Running(consumer)
@@ -263,7 +263,7 @@ def test_connections_that_die_before_settling_anything_exhaust_the_budget(
             through(topology, proxy.port),
             lab_handler,
             SqliteDedupStore(tmp_path / "d.sqlite3"),
-            ConsumerConfig(NAMES, reconnect_attempts=3),
+            consumer_config(reconnect_attempts=3),
         )
         started = time.monotonic()
         with pytest.raises(BrokerConnectionError, match="gave up after 3 connections in a row"):
@@ -485,7 +485,7 @@ def test_an_already_committed_redelivery_is_a_duplicate_not_poison(
     publish(topology, ("ok", "m-done"), ("ok", "m-new"))
     _redeliver(topology)
     reports: list[DeliveryReport] = []
-    config = ConsumerConfig(NAMES, idle_exit=1.0, ack_batch=2, prefetch=4, max_redeliveries=1)
+    config = consumer_config(idle_exit=1.0, ack_batch=2, prefetch=4, max_redeliveries=1)
     Consumer(topology, lab_handler, store, config, on_report=reports.append).run()
     assert sorted((r.message_id, r.outcome) for r in reports) == [
         ("m-done", "duplicate"),
@@ -508,9 +508,7 @@ def test_a_handler_calling_sys_exit_fails_its_message_not_the_worker(
     publish(topology, ("ok", "m-exit"), ("ok", "m-after"))
     reports: list[DeliveryReport] = []
     store = SqliteDedupStore(tmp_path / "d.sqlite3")
-    Consumer(
-        topology, exits, store, ConsumerConfig(NAMES, idle_exit=1.0), on_report=reports.append
-    ).run()
+    Consumer(topology, exits, store, consumer_config(idle_exit=1.0), on_report=reports.append).run()
     assert [(r.message_id, r.outcome) for r in reports] == [
         ("m-exit", "requeued"),
         ("m-after", "processed"),
@@ -530,7 +528,7 @@ def test_an_error_message_with_a_lone_surrogate_still_reaches_the_dlq(
     publish(topology, ("ok", "m-surrogate"))
     reports: list[DeliveryReport] = []
     store = SqliteDedupStore(tmp_path / "d.sqlite3")
-    config = ConsumerConfig(NAMES, idle_exit=1.0)
+    config = consumer_config(idle_exit=1.0)
     Consumer(topology, undecodable_error, store, config, on_report=reports.append).run()
     assert [r.outcome for r in reports] == ["requeued", "dead-lettered"]
     ((_, _, body),) = get_all(topology, "q:tasks:dlq")

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.ops import browse, replay
 from amqp_lab.errors import (
@@ -46,6 +47,7 @@ from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.support import (
     NAMES,
+    consumer_config,
     consumer_count,
     get_all,
     one_error_line,
@@ -175,7 +177,7 @@ def test_every_field_type_survives_dlq_and_replay_on_the_broker(
             OutgoingMessage(body=b"\x00" + body, message_id=message_id, headers=headers)
         )
     store = SqliteDedupStore(tmp_path_factory.mktemp("d") / "d.sqlite3")
-    Consumer(topology, lab_handler, store, ConsumerConfig(NAMES, idle_exit=0.5)).run()
+    Consumer(topology, lab_handler, store, consumer_config(idle_exit=0.5)).run()
     get_all(topology, "q:tasks:audit")
     (result,) = replay(topology, lambda entry: True, queue=NAMES.dlq)
     assert result.status == "replayed"
@@ -312,7 +314,7 @@ def test_health_reports_a_missing_work_queue_and_one_nobody_consumes(
         "ALERT: work queue 'q:tasks' has 0 consumer(s), fewer than 1; 0 message(s) waiting\n",
     )
     consumer = Consumer(
-        topology, lab_handler, SqliteDedupStore(tmp_path / "d.sqlite3"), ConsumerConfig(NAMES)
+        topology, lab_handler, SqliteDedupStore(tmp_path / "d.sqlite3"), consumer_config()
     )
     running = Running(consumer)
     wait_for(lambda: consumer_count(topology, "q:tasks") == 1, what="consumer subscribed")
@@ -340,7 +342,7 @@ def test_consumer_and_pipelined_publisher_keep_the_invariant_through_faults(
             through(topology, con_proxy.port, heartbeat=2),
             lab_handler,
             store,
-            ConsumerConfig(NAMES, prefetch=20, ack_batch=5, reconnect_attempts=50),
+            consumer_config(prefetch=20, ack_batch=5, reconnect_attempts=50),
             on_report=reports.append,
         )
         running = Running(consumer)
@@ -359,13 +361,22 @@ def test_consumer_and_pipelined_publisher_keep_the_invariant_through_faults(
 
         feeder = threading.Thread(target=publish_all, daemon=True)
         feeder.start()
-        faults = [
-            lambda: (pub_proxy.cut(), con_proxy.cut()),
+
+        def cut_both() -> None:
+            pub_proxy.cut()
+            con_proxy.cut()
+
+        def slow_both() -> None:
+            con_proxy.slow(0.05)
+            pub_proxy.slow(0.05)
+
+        faults: list[Callable[[], None]] = [
+            cut_both,
             lambda: con_proxy.stall(7),  # longer than two heartbeats
             lambda: pub_proxy.stall(7),
             con_proxy.half_open,
             pub_proxy.half_open,
-            lambda: (con_proxy.slow(0.05), pub_proxy.slow(0.05)),
+            slow_both,
         ]
         for fault in faults:
             time.sleep(0.8)

@@ -17,7 +17,7 @@ import pika
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import Task
@@ -25,7 +25,7 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import lab_handler, task_message
 from tests.brokers import TestBroker
-from tests.support import NAMES, get_all, ready_count, run_script, wait_for
+from tests.support import consumer_config, get_all, ready_count, run_script, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -63,7 +63,7 @@ def test_connection_force_closed_while_handler_runs(
         settings,
         handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=1, idle_exit=1.5),
+        consumer_config(prefetch=1, idle_exit=1.5),
         on_report=reports.append,
     )
     thread = threading.Thread(target=consumer.run)
@@ -108,7 +108,7 @@ def test_long_handler_with_short_heartbeat(topology: BrokerSettings, tmp_path: P
         settings,
         slow,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=1, idle_exit=1.0),
+        consumer_config(prefetch=1, idle_exit=1.0),
         on_report=reports.append,
     )
     assert consumer.run() == 1
@@ -177,7 +177,7 @@ def test_bad_input_is_dead_lettered_as_business_error(
         topology,
         lab_handler,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, idle_exit=1.5, max_body_bytes=4096),
+        consumer_config(idle_exit=1.5, max_body_bytes=4096),
         on_report=reports.append,
     ).run()
     assert [(r.outcome, r.attempts) for r in reports] == [("dead-lettered", 1)] * len(
@@ -270,7 +270,7 @@ def test_consumer_timeout_closes_the_channel_and_consumer_resubscribes(
             topology,
             slow_once,
             SqliteDedupStore(tmp_path / "d.sqlite3"),
-            ConsumerConfig(NAMES, prefetch=1, idle_exit=1.5),
+            consumer_config(prefetch=1, idle_exit=1.5),
             on_report=reports.append,
         )
         consumer.run()
@@ -336,7 +336,7 @@ def test_every_delivery_is_settled_exactly_once(
             topology,
             lab_handler,
             SqliteDedupStore(tmp_path / f"d{ack_batch}.sqlite3"),
-            ConsumerConfig(NAMES, prefetch=4, ack_batch=ack_batch, idle_exit=1.0),
+            consumer_config(prefetch=4, ack_batch=ack_batch, idle_exit=1.0),
             on_report=reports.append,
         )
         consumer.run()
@@ -372,7 +372,7 @@ def test_cpu_bound_handler_keeps_heartbeats_and_acks_once(
         settings,
         spin,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=1, idle_exit=1.0),
+        consumer_config(prefetch=1, idle_exit=1.0),
         on_report=reports.append,
     )
     consumer.run()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import (
     BrokerBlocked,
@@ -28,7 +28,7 @@ from amqp_lab.settings import BrokerSettings
 from lab.handler import lab_handler, task_message
 from tests.brokers import TestBroker
 from tests.integration.test_memory_alarm import memory_alarm
-from tests.support import NAMES, get_all, ready_count, wait_for, wait_ready_count
+from tests.support import consumer_config, get_all, ready_count, wait_for, wait_ready_count
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -138,7 +138,7 @@ def test_batched_acks_process_everything_once(topology: BrokerSettings, tmp_path
         topology,
         record,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=100, ack_batch=50, idle_exit=1.0),
+        consumer_config(prefetch=100, ack_batch=50, idle_exit=1.0),
         on_report=reports.append,
     )
     assert consumer.run() == 500
@@ -158,7 +158,7 @@ def test_failures_inside_a_batch_roll_back_only_themselves(
         topology,
         record,
         SqliteDedupStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=10, ack_batch=10, ack_interval=0.2, idle_exit=1.0),
+        consumer_config(prefetch=10, ack_batch=10, ack_interval=0.2, idle_exit=1.0),
         on_report=reports.append,
     ).run()
     outcome = {(r.message_id, r.outcome, r.attempts) for r in reports}
@@ -188,7 +188,7 @@ def test_a_batch_is_never_acked_before_its_commit(topology: BrokerSettings, tmp_
         topology,
         record,
         FailingCommitStore(tmp_path / "d.sqlite3"),
-        ConsumerConfig(NAMES, prefetch=20, ack_batch=20, ack_interval=0.5, idle_exit=1.0),
+        consumer_config(prefetch=20, ack_batch=20, ack_interval=0.5, idle_exit=1.0),
         on_report=lambda r: None,
     )
     with pytest.raises(DedupStoreError):
@@ -200,7 +200,7 @@ def test_a_batch_is_never_acked_before_its_commit(topology: BrokerSettings, tmp_
 
 def test_ack_batch_larger_than_prefetch_is_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"ack_batch 50 must be within 1\.\.prefetch"):
-        ConsumerConfig(NAMES, prefetch=10, ack_batch=50)
+        consumer_config(prefetch=10, ack_batch=50)
 
 
 def test_window_bounds_messages_in_flight(topology: BrokerSettings) -> None:

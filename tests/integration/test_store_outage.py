@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dedup.postgres import PostgresDedupStore
 from amqp_lab.errors import DedupStoreError
@@ -24,7 +24,7 @@ from lab.handler import lab_handler
 from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.pgsupport import temp_database
-from tests.support import NAMES, publish, ready_count, wait_for
+from tests.support import consumer_config, publish, ready_count, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -66,7 +66,7 @@ def test_postgres_cut_off_and_back_loses_nothing_and_applies_once(
             topology,
             _slow_lab(0.05),
             store,
-            ConsumerConfig(NAMES, store_outage=60),
+            consumer_config(store_outage=60),
             on_report=reports.append,
         )
         running = Running(consumer)
@@ -100,7 +100,7 @@ def test_postgres_session_terminated_mid_handler_is_retried(
         time.sleep(1)  # the session is terminated here, inside the transaction
 
     running = Running(
-        Consumer(topology, handler, store, ConsumerConfig(NAMES), on_report=reports.append)
+        Consumer(topology, handler, store, consumer_config(), on_report=reports.append)
     )
     publish(topology, ("ok", "m-1"), ("ok", "m-2"))
     assert in_handler.wait(20)
@@ -132,7 +132,7 @@ def test_a_store_down_past_its_bound_stops_the_consumer_without_acking(
         proxy.refuse()
         proxy.cut()
         publish(topology, *[("ok", f"m-{i}") for i in range(3)])
-        consumer = Consumer(topology, lab_handler, store, ConsumerConfig(NAMES, store_outage=3))
+        consumer = Consumer(topology, lab_handler, store, consumer_config(store_outage=3))
         started = time.monotonic()
         with pytest.raises(DedupStoreError, match="stayed unavailable"):
             consumer.run()
@@ -149,7 +149,7 @@ def test_sqlite_locked_past_its_timeout_is_retried(
     store = SqliteDedupStore(path, busy_timeout=0.2)
     reports: list[DeliveryReport] = []
     running = Running(
-        Consumer(topology, lab_handler, store, ConsumerConfig(NAMES), on_report=reports.append)
+        Consumer(topology, lab_handler, store, consumer_config(), on_report=reports.append)
     )
     publish(topology, ("ok", "m-0"))
     wait_for(lambda: len(reports) == 1, what="first processed")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pika
 import pytest
 
@@ -15,7 +17,7 @@ from tests.support import get_all, run_script, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.foundation]
 
 
-def _definitions(api: ManagementClient, vhost: str) -> dict[str, object]:
+def _definitions(api: ManagementClient, vhost: str) -> dict[str, list[Any]]:
     queues = sorted((q["name"], q["durable"], q["arguments"]) for q in api.queues(vhost))
     bindings = sorted(
         (b["source"], b["destination"], b["routing_key"]) for b in api.bindings(vhost)

@@ -97,15 +97,16 @@ class _Consumer:
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_first_signal_drains_with_its_exit_code(sig: signal.Signals, code: int) -> None:
-    consumer, exits = _Consumer(), []
+    consumer, exits = _Consumer(), list[int]()
     drain = SignalDrain(consumer, exit_now=exits.append)
-    assert drain.exit_code is None
+    before = drain.exit_code
+    assert before is None
     drain._handle(sig, None)
     assert (consumer.reasons, drain.exit_code, exits) == ([f"{sig.name} received"], code, [])
 
 
 def test_second_signal_exits_at_once() -> None:
-    consumer, exits = _Consumer(), []
+    consumer, exits = _Consumer(), list[int]()
     drain = SignalDrain(consumer, exit_now=exits.append)
     drain._handle(signal.SIGTERM, None)
     drain._handle(signal.SIGINT, None)

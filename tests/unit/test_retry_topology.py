@@ -30,7 +30,7 @@ def queue(
 
 
 def waits(**overrides: dict[str, Any] | None) -> dict[str, dict[str, Any] | None]:
-    good = queue(**{"dead-letter-exchange": "tasks.retry", "message-ttl": 300000})
+    good = queue(**{"dead-letter-exchange": "tasks.retry", "message-ttl": 300000})  # type: ignore[arg-type]
     result: dict[str, dict[str, Any] | None] = {n: dict(good) for n in EXPECT.wait_queues}
     result.update({k.replace("_", ":"): v for k, v in overrides.items()})
     return result
@@ -41,7 +41,7 @@ def test_our_topology_has_no_problem() -> None:
 
 
 def test_a_higher_priority_policy_without_dlx_is_named() -> None:
-    replaced = queue("catch-all", **{"max-length": 1000})
+    replaced = queue("catch-all", **{"max-length": 1000})  # type: ignore[arg-type]
     found = problems(EXPECT, queue(), waits(q_tasks_wait_2=replaced), FANOUT, BOUND)
     assert len(found) == 1
     assert "wait queue 'q:tasks:wait:2' dead-letters to None" in found[0]
@@ -58,7 +58,7 @@ def test_an_operator_policy_that_expires_the_wait_queue_is_named() -> None:
 
 def test_a_queue_argument_wins_over_the_policy() -> None:
     argued = queue(
-        **{
+        **{  # type: ignore[arg-type]
             "dead-letter-exchange": "tasks.retry",
             "arguments": {"x-dead-letter-exchange": "elsewhere"},
         }

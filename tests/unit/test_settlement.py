@@ -10,13 +10,13 @@ import pytest
 from amqp_lab.consuming.settlement import (
     Action,
     Outcome,
-    RetryPolicy,
     Settlement,
     attempt_number,
     classify,
     decide,
 )
 from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
+from amqp_lab.retry.policy import RetryPolicy
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,126 @@
+"""Shared plumbing of the command line: the environment, one-line errors, exit codes.
+
+Only the command line reads environment variables: EAI_AMQP_URL (required; the vhost is its
+path), EAI_MGMT_URL (optional; defaults to the AMQP host on port 15672 with the same
+credentials), EAI_LOG_LEVEL and EAI_TRACEBACK. The library proper receives a BrokerSettings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amqp_lab.errors import AmqpLabError, ConfigurationError
+from amqp_lab.settings import BrokerSettings, mask_url
+from amqp_lab.topology import DEFAULT_TOPOLOGY, Topology, load_topology
+
+__all__ = [
+    "EXIT_ALERT",
+    "EXIT_CANNOT_RESTART",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_UNROUTABLE",
+    "add_topology_option",
+    "load_callable",
+    "run",
+    "settings_from_env",
+    "topology_from",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ALERT = 2
+EXIT_UNROUTABLE = 3
+EXIT_CANNOT_RESTART = 4
+
+
+def settings_from_env(connection_name: str, **overrides: object) -> BrokerSettings:
+    """BrokerSettings from EAI_AMQP_URL / EAI_MGMT_URL; raises ConfigurationError if unset."""
+    url = os.environ.get("EAI_AMQP_URL")
+    if not url:
+        raise ConfigurationError(
+            "EAI_AMQP_URL is not set: set it to an amqp:// or amqps:// URL whose path is the vhost "
+            '(or run: eval "$(python scripts/broker.py env)")'
+        )
+    return BrokerSettings(
+        amqp_url=url,
+        management_url=os.environ.get("EAI_MGMT_URL") or None,
+        connection_name=connection_name,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def run(main: Callable[[], int]) -> None:
+    """Run ``main``; an AmqpLabError becomes one masked line on stderr and exit 1."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a message must not crash us
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+    logging.basicConfig(
+        level=os.environ.get("EAI_LOG_LEVEL", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # pika logs basic.return at WARNING and failed connection attempts with tracebacks at
+    # ERROR; the scripts report both themselves, as one line each.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
+    try:
+        code = main()
+    except AmqpLabError as e:
+        print(f"error: {mask_url(str(e))}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as e:  # a bug: still one line (EAI_TRACEBACK=1 shows the traceback)
+        if os.environ.get("EAI_TRACEBACK"):
+            raise
+        text = " ".join(str(e).split())
+        print(f"error: unexpected {type(e).__name__}: {mask_url(text)}", file=sys.stderr)
+        code = EXIT_FAILED
+    sys.exit(code)
+
+
+def add_topology_option(parser: argparse.ArgumentParser) -> None:
+    """``--topology FILE``: the definitions file whose ``amqp_lab`` section names every queue
+    and exchange the command uses (default: the topology amqp-lab ships)."""
+    parser.add_argument(
+        "--topology",
+        default=str(DEFAULT_TOPOLOGY),
+        metavar="FILE",
+        help="definitions JSON naming the queues and exchanges (default: the packaged one)",
+    )
+
+
+def topology_from(args: argparse.Namespace) -> Topology:
+    """The topology ``--topology`` names; raises TopologyError (one line) when it is bad."""
+    return load_topology(Path(args.topology))
+
+
+def load_callable(spec: str) -> Any:
+    """``package.module:function`` (a handler, say) imported and returned, looked up like
+    ``python -m`` does: the current directory first, then the installed packages. Raises
+    ConfigurationError naming what is missing."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"{spec!r}: expected package.module:function")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)  # a console script's sys.path[0] is the venv's bin/
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigurationError(f"cannot import {module_name!r} for {spec!r}: {e}") from e
+    target = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigurationError(f"{module_name!r} has no {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigurationError(f"{spec!r} is not callable")
+    return target

@@ -1,0 +1,245 @@
+"""Consume a topology's work queue with your handler: manual ack after the work, prefetch,
+dedup, DLQ records.
+
+One line per delivery:
+``message_id=<id> outcome=processed|duplicate|requeued|dead-lettered|parked attempts=<n> ...``
+and a final ``worker stopped: ...`` line. Exit 0 when it finished (idle-exit, max-messages,
+SIGTERM drained), 130 after SIGINT drained, 1 with one ``error:`` line otherwise; a second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from amqp_lab.cli.common import (
+    EXIT_OK,
+    add_topology_option,
+    load_callable,
+    run,
+    settings_from_env,
+    topology_from,
+)
+from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.lifecycle import SignalDrain
+from amqp_lab.dedup import open_store
+from amqp_lab.dedup.retention import (
+    DAY,
+    DEFAULT_PURGE_INTERVAL,
+    DEFAULT_REPLAY_WINDOW,
+    DEFAULT_RETENTION,
+    PeriodicPurge,
+    check_retention,
+)
+from amqp_lab.retry.policy import RetryPolicy
+from amqp_lab.settings import BrokerSettings
+
+__all__ = ["default_dedup_path", "entry", "main"]
+
+
+def default_dedup_path(settings: BrokerSettings, state_dir: Path) -> str:
+    """One SQLite file per broker and vhost in ``state_dir``, so fresh vhosts start fresh."""
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{settings.host}-{settings.port}-{settings.vhost}")
+    return str(state_dir / f"dedup-{key}.sqlite3")
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    default_handler: str | None = None,
+    state_dir: Path = Path(".state"),
+) -> int:
+    """The worker command (exit code returned). ``default_handler``: the ``module:function``
+    used without ``--handler``; ``state_dir``: where the default SQLite store lives."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_topology_option(parser)
+    parser.add_argument(
+        "--handler",
+        default=default_handler,
+        required=default_handler is None,
+        metavar="MODULE:FUNCTION",
+        help="the handler, called as handler(task, db)"
+        + (f" (default: {default_handler})" if default_handler else ""),
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="handlers running at once in this process (each on its own store connection)",
+    )
+    parser.add_argument("--prefetch", type=int, default=10, help="basic.qos prefetch_count")
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="exit 0 after S seconds with nothing to do",
+    )
+    parser.add_argument("--max-messages", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--dead-letter",
+        choices=["publish", "reject"],
+        default="publish",
+        help="publish a confirmed DLQ record (default) or basic.reject to the DLX",
+    )
+    parser.add_argument(
+        "--retry",
+        choices=["requeue", "backoff"],
+        default="requeue",
+        help="requeue: one immediate redelivery; backoff: broker-held waits",
+    )
+    parser.add_argument(
+        "--max-attempts", type=int, default=5, help="backoff: deliveries before the DLQ (1-10)"
+    )
+    parser.add_argument("--base", type=float, default=1.0, help="backoff: base wait, seconds")
+    parser.add_argument(
+        "--cap",
+        type=float,
+        default=30.0,
+        help="backoff: longest wait, seconds (<= 300, the wait queues' TTL)",
+    )
+    parser.add_argument("--dedup-path", default=None, help="SQLite file of processed message_ids")
+    parser.add_argument(
+        "--dedup-url",
+        default=None,
+        help="dedup store: a SQLite path, sqlite:///PATH or postgresql://user@host:5432/db",
+    )
+    parser.add_argument(
+        "--retention-days",
+        type=float,
+        default=DEFAULT_RETENTION / DAY,
+        help="purge dedup records older than this; must exceed retry horizon + replay window",
+    )
+    parser.add_argument(
+        "--replay-window-days",
+        type=float,
+        default=DEFAULT_REPLAY_WINDOW / DAY,
+        help="how long after a failure a message may still be replayed or re-sent",
+    )
+    parser.add_argument(
+        "--purge-interval",
+        type=float,
+        default=DEFAULT_PURGE_INTERVAL,
+        metavar="S",
+        help="seconds between purges of expired dedup records (one at start)",
+    )
+    parser.add_argument("--heartbeat", type=int, default=30, help="seconds")
+    parser.add_argument(
+        "--ack-batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="handle N deliveries per store transaction and ack them with one "
+        "basic.ack(multiple) after its commit (N <= --prefetch; a prefetch of 3*N keeps "
+        "deliveries flowing while a batch commits)",
+    )
+    parser.add_argument(
+        "--wait-for-queue",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for a missing queue at start (default: fail at once)",
+    )
+    parser.add_argument(
+        "--resubscribe-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a deleted queue may take to come back before the worker gives up",
+    )
+    parser.add_argument(
+        "--max-redeliveries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="broker redeliveries of one message (e.g. its handler kills the worker) before it "
+        "goes to the DLQ without running the handler again",
+    )
+    parser.add_argument(
+        "--store-outage",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the dedup store may stay unreachable (deliveries retried) before exit 1",
+    )
+    parser.add_argument(
+        "--no-verify-topology",
+        action="store_true",
+        help="do not check (management API) that wait queues and DLX can bring messages back",
+    )
+    args = parser.parse_args(argv)
+    topology = topology_from(args)
+    names = topology.names
+    max_attempts = names.max_attempts
+    max_cap = topology.longest_wait() or 3600.0
+    if args.max_redeliveries < 1 or args.store_outage < 0 or args.wait_for_queue < 0:
+        parser.error("--max-redeliveries must be >= 1, --store-outage/--wait-for-queue >= 0")
+    if args.prefetch < 1:
+        parser.error("--prefetch must be >= 1")
+    if not 1 <= args.ack_batch <= args.prefetch:
+        parser.error("--ack-batch must be within 1..--prefetch")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
+    if args.retry == "backoff" and not 1 <= args.max_attempts <= max_attempts:
+        parser.error(
+            f"--max-attempts must be 1..{max_attempts} (the topology has "
+            f"{names.wait_queues} wait queues, one per retry)"
+        )
+    if args.base < 0 or not 0 <= args.cap <= max_cap:
+        parser.error(
+            f"--base must be >= 0 and --cap within 0..{max_cap:g} seconds (the wait queues' "
+            "message-ttl)"
+        )
+    if args.retry == "backoff":
+        retry = RetryPolicy("backoff", args.max_attempts, args.base, args.cap)
+    else:
+        retry = RetryPolicy()
+    if args.purge_interval <= 0:
+        parser.error("--purge-interval must be > 0 seconds")
+    if args.dedup_url and args.dedup_path:
+        parser.error("give --dedup-url or --dedup-path, not both")
+    retention = args.retention_days * DAY
+    check_retention(retention, retry, args.replay_window_days * DAY)  # refuses to start
+    settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
+    handler = load_callable(args.handler)
+    store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir))
+    purger = PeriodicPurge(store, retention, args.purge_interval).start()
+    config = ConsumerConfig(
+        names,
+        prefetch=args.prefetch,
+        dead_letter=args.dead_letter,
+        idle_exit=args.idle_exit,
+        max_messages=args.max_messages,
+        retry=retry,
+        ack_batch=args.ack_batch,
+        queue_wait=args.wait_for_queue,
+        resubscribe_wait=args.resubscribe_wait,
+        max_redeliveries=args.max_redeliveries,
+        store_outage=args.store_outage,
+        verify_topology=not args.no_verify_topology,
+        concurrency=args.concurrency,
+    )
+
+    def report(r: DeliveryReport) -> None:
+        print(r.line(), flush=True)
+
+    consumer = Consumer(settings, handler, store, config, on_report=report)
+    drain = SignalDrain(consumer, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        with drain:
+            handled = consumer.run()
+    finally:
+        purger.stop()
+        store.close()
+    why = consumer.stop_reason or "finished"
+    print(f"worker stopped ({why}): {handled} deliveries handled", flush=True)
+    return drain.exit_code or EXIT_OK
+
+
+def entry() -> None:
+    """The ``amqp-lab-worker`` console script (``--handler`` required)."""
+    run(main)

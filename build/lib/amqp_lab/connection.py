@@ -1,0 +1,177 @@
+"""Opening AMQP connections and translating pika's errors at the boundary.
+
+Every pika exception that leaves amqp-lab's I/O code goes through :func:`translate` so callers
+see only :mod:`amqp_lab.errors`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import pika
+import pika.exceptions as pe
+
+import amqp_lab.wire  # noqa: F401  - every content header of the process decodes losslessly
+from amqp_lab.errors import (
+    AccessRefused,
+    AmqpLabError,
+    AuthenticationFailed,
+    BrokerBlocked,
+    BrokerUnavailable,
+    ChannelError,
+    ConfigurationError,
+    ConnectionLost,
+    NotFound,
+    PreconditionFailed,
+    VhostAccessDenied,
+)
+from amqp_lab.settings import BrokerSettings, mask_secrets
+
+__all__ = [
+    "TLS_QUERY_KEYS",
+    "channel_error",
+    "close_quietly",
+    "connect",
+    "connection_parameters",
+    "open_channel",
+    "translate",
+]
+
+TLS_QUERY_KEYS = ("cacertfile", "certfile", "keyfile", "server_name_indication", "verify")
+
+
+def connection_parameters(settings: BrokerSettings) -> pika.URLParameters:
+    """pika parameters for ``settings``: heartbeat and blocked_connection_timeout in seconds,
+    one connection attempt (retries belong to tenacity in the caller).
+
+    amqps:// verifies the server certificate and host name, against the system trust store or
+    the ``cacertfile`` named in the URL's query; ``certfile`` / ``keyfile`` give a client
+    certificate, ``server_name_indication`` the name to check, ``verify=verify_none`` turns
+    verification off (https://www.rabbitmq.com/docs/uri-query-parameters).
+    """
+    parts = urlsplit(settings.amqp_url)
+    query = parse_qs(parts.query)
+    tls = {key: query.pop(key)[0] for key in TLS_QUERY_KEYS if key in query}
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query, doseq=True), ""))
+    params = pika.URLParameters(url)
+    params.heartbeat = settings.heartbeat
+    params.blocked_connection_timeout = settings.blocked_connection_timeout
+    params.connection_attempts = 1
+    params.socket_timeout = 5
+    params.stack_timeout = 15
+    params.client_properties = {"connection_name": settings.connection_name}
+    if settings.scheme == "amqps":
+        context = ssl.create_default_context(cafile=tls.get("cacertfile"))
+        if "certfile" in tls:
+            context.load_cert_chain(tls["certfile"], tls.get("keyfile"))
+        if tls.get("verify") == "verify_none":
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        params.ssl_options = pika.SSLOptions(
+            context, tls.get("server_name_indication", settings.host)
+        )
+    return params
+
+
+def connect(settings: BrokerSettings) -> pika.BlockingConnection:
+    """Open a blocking AMQP connection (connection.start/tune/open on the URL's vhost).
+
+    Raises BrokerUnavailable (nothing listening, DNS, TLS), AuthenticationFailed (bad
+    credentials), VhostAccessDenied (unknown vhost or no permission).
+    """
+    try:
+        params = connection_parameters(settings)
+    except (OSError, ValueError) as e:  # an unreadable CA / key file, a bad query value
+        raise ConfigurationError(f"TLS or URL settings of {settings.masked_url}: {e}") from e
+    try:
+        return pika.BlockingConnection(params)
+    except Exception as e:
+        raise translate(e, settings) from e
+
+
+def translate(error: BaseException, settings: BrokerSettings | None = None) -> AmqpLabError:
+    """Map a pika exception to the amqp-lab error it means. Messages are masked."""
+    if isinstance(error, AmqpLabError):
+        return error
+    where = f" at {settings.masked_url}" if settings is not None else ""
+    secrets = (settings.password,) if settings is not None else ()
+
+    def msg(text: str) -> str:
+        return mask_secrets(text, *secrets)
+
+    if isinstance(error, pe.ConnectionBlockedTimeout):
+        return BrokerBlocked(msg(f"broker kept the connection blocked (resource alarm){where}"))
+    if isinstance(error, pe.ProbableAuthenticationError | pe.AuthenticationError):
+        return AuthenticationFailed(msg(f"authentication failed{where}: wrong username/password"))
+    if isinstance(error, pe.ProbableAccessDeniedError):
+        vhost = settings.vhost if settings else "?"
+        return VhostAccessDenied(
+            msg(
+                f"access to vhost {vhost!r} refused{where}: it does not exist or the user "
+                "has no permissions on it"
+            )
+        )
+    if isinstance(error, pe.ConnectionClosedByBroker):
+        if error.reply_code == 530:
+            return VhostAccessDenied(msg(f"vhost access refused{where}: {error.reply_text}"))
+        if error.reply_code == 403:
+            return AuthenticationFailed(msg(f"access refused{where}: {error.reply_text}"))
+        return ConnectionLost(
+            msg(f"broker closed the connection{where}: {error.reply_code} {error.reply_text}")
+        )
+    if isinstance(error, pe.ChannelClosedByBroker):
+        return channel_error(error.reply_code, error.reply_text)
+    if isinstance(error, pe.AMQPConnectionError):
+        if isinstance(error, pe.StreamLostError | pe.ConnectionWrongStateError):
+            return ConnectionLost(msg(f"connection lost{where}: {error}"))
+        if isinstance(error, pe.IncompatibleProtocolError):
+            return BrokerUnavailable(msg(f"no AMQP 0-9-1 broker answered{where}"))
+        detail = str(error) or type(error).__name__
+        if isinstance(error, pe.AMQPConnectionError) and error.args:
+            # pika's workflow errors have an empty str(); their repr names the cause
+            detail = "; ".join(str(a) or repr(a) for a in error.args)
+        return BrokerUnavailable(msg(f"cannot connect{where}: {detail}"))
+    if isinstance(error, pe.ChannelWrongStateError | pe.ChannelClosed):
+        return ConnectionLost(msg(f"channel closed{where}: {error}"))
+    if isinstance(error, pe.AMQPError | OSError):
+        return ConnectionLost(msg(f"connection failed{where}: {type(error).__name__}: {error}"))
+    return AmqpLabError(msg(f"{type(error).__name__}: {error}"))
+
+
+def channel_error(reply_code: int, reply_text: str) -> ChannelError:
+    """The ChannelError subclass for a channel.close reply code (404, 403, 406, other)."""
+    text = f"{reply_code} {reply_text}"
+    if reply_code == 404:
+        return NotFound(text, reply_code)
+    if reply_code == 406:
+        return PreconditionFailed(text, reply_code)
+    if reply_code == 403:
+        return AccessRefused(text, reply_code)
+    return ChannelError(text, reply_code)
+
+
+@contextmanager
+def open_channel(settings: BrokerSettings) -> Iterator[Any]:
+    """A connection and one channel on it, both closed on exit (errors translated)."""
+    connection = connect(settings)
+    try:
+        try:
+            channel = connection.channel()
+        except Exception as e:
+            raise translate(e, settings) from e
+        yield channel
+    finally:
+        close_quietly(connection)
+
+
+def close_quietly(connection: Any) -> None:
+    """Close a pika connection, ignoring errors (it may already be dead)."""
+    try:
+        if connection is not None and connection.is_open:
+            connection.close()
+    except Exception:
+        pass

@@ -1,0 +1,166 @@
+"""One delivery on its way through the consumer, and its report (pure).
+
+:func:`prepare` turns what pika handed over into a :class:`Delivery` and never raises: a
+delivery that cannot become a task - whatever is wrong with it - carries an InvalidMessage and
+is dead-lettered as a business error, so one hostile message cannot stop the worker that
+receives it (and then every other worker in turn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqp_lab.consuming.settlement import attempt_number
+from amqp_lab.errors import InvalidMessage
+from amqp_lab.message import Task, decode_body, header_attempts, properties_of
+from amqp_lab.retry.policy import RetryPolicy
+
+__all__ = ["Delivery", "DeliveryReport", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """One delivery's outcome: processed | duplicate | requeued | dead-lettered | parked
+    (the DLQ could not take it; it was left unacked, back in the queue when the worker
+    stops). ``wait``: seconds in the wait queue (backoff mode)."""
+
+    message_id: str | None
+    outcome: str
+    attempts: int
+    redelivered: bool
+    error: str | None = None
+    wait: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (``json.dumps(report.as_dict())``), for programs
+        that read a worker's reports: :meth:`from_dict` reads it back."""
+        return {
+            "message_id": self.message_id,
+            "outcome": self.outcome,
+            "attempts": self.attempts,
+            "redelivered": self.redelivered,
+            "error": self.error,
+            "wait": self.wait,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeliveryReport:
+        """The report :meth:`as_dict` gave. Raises KeyError or TypeError on another shape."""
+        return cls(
+            message_id=data["message_id"],
+            outcome=str(data["outcome"]),
+            attempts=int(data["attempts"]),
+            redelivered=bool(data["redelivered"]),
+            error=data.get("error"),
+            wait=data.get("wait"),
+        )
+
+    def line(self) -> str:
+        """The report as one line for people: ``message_id=.. outcome=.. attempts=..``."""
+        text = (
+            f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
+            f"redelivered={str(self.redelivered).lower()}"
+        )
+        if self.wait is not None:
+            text += f" wait={self.wait:.3f}"
+        return text + (f" error={self.error!r}" if self.error else "")
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A delivery with what the consumer learnt about it. ``now``: receipt time, epoch s."""
+
+    method: Any
+    properties: Any
+    body: bytes
+    now: float
+    message_id: str | None
+    redelivered: bool
+    headers: dict[Any, Any]
+    attempt: int = 1
+    task: Task | None = None
+    error: BaseException | None = None
+    duplicate: bool = False
+    first_seen_at: float | None = None  # recorded at the first failure (the store's memory)
+    notes: list[str] = field(default_factory=list)  # e.g. why a retry copy was not written
+
+    @property
+    def delivery_tag(self) -> int:
+        return int(self.method.delivery_tag)
+
+    def report(self, outcome: str, attempts: int, wait: float | None = None) -> DeliveryReport:
+        error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+        return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
+
+    def properties_dict(self) -> dict[str, Any]:
+        """The basic properties by name (headers apart; message_id too, unless it is not
+        UTF-8 - then the record keeps its bytes here)."""
+        props = properties_of(self.properties)
+        raw_id = getattr(self.properties, "message_id", None)
+        if isinstance(raw_id, bytes):
+            props["message_id"] = raw_id
+        return props
+
+
+def prepare(
+    method: Any,
+    properties: Any,
+    body: bytes,
+    now: float,
+    policy: RetryPolicy,
+    max_body_bytes: int,
+) -> Delivery:
+    """Decode one delivery. Never raises: a delivery that cannot be decoded carries an
+    InvalidMessage saying why (no message_id or one that is not UTF-8, headers the codec
+    could not read, a bad ``attempts`` header, a body too large, a JSON body that does not
+    parse...)."""
+    message_id = getattr(properties, "message_id", None)
+    headers = getattr(properties, "headers", None)
+    d = Delivery(
+        method,
+        properties,
+        body,
+        now,
+        message_id if isinstance(message_id, str) and message_id else None,
+        bool(getattr(method, "redelivered", False)),
+        dict(headers) if isinstance(headers, dict) else {},
+    )
+    try:
+        _decode(d, message_id, properties, policy, max_body_bytes)
+    except InvalidMessage as e:
+        d.error = e
+    except Exception as e:  # whatever else a hostile delivery manages: never the worker's end
+        d.error = InvalidMessage(f"cannot decode the delivery: {type(e).__name__}: {e}")
+    return d
+
+
+def _decode(
+    d: Delivery, message_id: Any, properties: Any, policy: RetryPolicy, max_body_bytes: int
+) -> None:
+    header_error = getattr(properties, "header_error", None)
+    if header_error:
+        raise InvalidMessage(f"headers cannot be decoded: {header_error}")
+    try:
+        attempts_before = header_attempts(d.headers)
+    finally:
+        # even with a bad attempts header, the delivery's number is known for the report
+        d.attempt = attempt_number(0, d.redelivered, policy)
+    d.attempt = attempt_number(attempts_before, d.redelivered, policy)
+    if d.message_id is None:
+        if isinstance(message_id, bytes):
+            raise InvalidMessage("message_id property is not UTF-8")
+        raise InvalidMessage("missing message_id property")
+    content_type = getattr(properties, "content_type", None)
+    if content_type is not None and not isinstance(content_type, str):
+        raise InvalidMessage(f"content_type {content_type!r} is not UTF-8")
+    d.task = Task(
+        message_id=d.message_id,
+        body=decode_body(d.body, content_type, max_body_bytes),
+        headers=dict(d.headers),  # the handler's own copy: retries and records keep the original
+        exchange=d.method.exchange,
+        routing_key=d.method.routing_key,
+        redelivered=d.redelivered,
+        attempt=d.attempt,
+        content_type=content_type,
+    )

@@ -1,0 +1,377 @@
+"""What both dedup stores share: the protocol, the schema and SQL, and the handler's ``db``.
+
+The claim - a row in ``processed`` keyed by message_id - and the handler's own writes are one
+transaction, committed before basic.ack: a redelivery finds the claim and is acked without
+running the handler again (at-least-once delivery plus idempotent processing). The store also
+remembers ``first_seen_at`` per message_id (a nack cannot add headers) and counts broker
+redeliveries (committed before each handler run, so a handler that kills the process cannot
+lose the count).
+
+A handler gets a :class:`HandlerDb`, the same in every store and mode: ``execute`` and
+``executemany`` with ``?`` placeholders (PostgreSQL's ``%s`` is written for it), cursors with
+``fetchone`` / ``fetchall``, and ``dialect`` for the rare statement that differs. It cannot end
+the store's transaction: ``commit``, ``rollback``, ``close`` raise TypeError, and a COMMIT sent
+as SQL stops the worker with DedupStoreError.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from amqp_lab.errors import DedupStoreError
+
+__all__ = [
+    "DedupStore",
+    "Dialect",
+    "HandlerDb",
+    "ManagedDedupStore",
+    "Purged",
+    "SqlStore",
+    "StoreStats",
+    "qmark_to_format",
+    "run_in_savepoint",
+]
+
+T = TypeVar("T")
+Dialect = Literal["sqlite", "postgresql"]
+
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS processed ("
+    " message_id TEXT PRIMARY KEY, processed_at {real} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS first_seen ("
+    " message_id TEXT PRIMARY KEY, first_seen_at {real} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS redeliveries ("
+    " message_id TEXT PRIMARY KEY, count INTEGER NOT NULL, last_at {real} NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at)",
+    "CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at)",
+    "CREATE INDEX IF NOT EXISTS redeliveries_last_at_idx ON redeliveries(last_at)",
+)
+
+
+def schema(dialect: Dialect) -> tuple[str, ...]:
+    """The statements creating the store's tables (idempotent)."""
+    real = "REAL" if dialect == "sqlite" else "DOUBLE PRECISION"
+    return tuple(statement.format(real=real) for statement in _TABLES)
+
+
+@dataclass(frozen=True)
+class Purged:
+    """Records removed by a purge: processed claims and first_seen entries."""
+
+    processed: int
+    first_seen: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """``processed``: claims held; ``oldest``: the oldest claim's time (epoch seconds) or None."""
+
+    processed: int
+    oldest: float | None
+
+
+class DedupStore(Protocol):
+    """What the consumer needs from a de-duplication store."""
+
+    def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
+        """Run ``work(db)`` and record the claim for ``message_id`` in one transaction, commit,
+        and return True; return False without committing anything if ``message_id`` was
+        already processed. If ``work`` raises, roll back (no claim) and re-raise."""
+        ...
+
+    def first_seen(self, message_id: str, now: float) -> float:
+        """When ``message_id`` was first received (seconds since the epoch); records ``now``
+        the first time."""
+        ...
+
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        """Count one more broker redelivery of ``message_id`` (committed before this returns)
+        and return how many there have been. ``now`` in epoch seconds."""
+        ...
+
+    def reset_redeliveries(self, message_id: str) -> None:
+        """Forget ``message_id``'s redelivery count (after it was dead-lettered as poison)."""
+        ...
+
+    def is_processed(self, message_id: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class ManagedDedupStore(DedupStore, Protocol):
+    """A store with batches, retention and direct access, as :func:`open_store` returns it."""
+
+    dialect: Dialect
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        """:meth:`process_once` for ``(message_id, work)`` pairs in one transaction; per pair
+        True (processed), False (a duplicate) or what its work raised."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where the store is, for messages (a path, or a URL with the password masked)."""
+        ...
+
+    def purge(self, older_than: float) -> Purged:
+        """Delete claims, first_seen entries and redelivery counts recorded before
+        ``older_than`` (epoch seconds)."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """How many claims the store holds and when the oldest was made."""
+        ...
+
+    def run_in_transaction(self, work: Callable[[HandlerDb], T]) -> T:
+        """Run ``work(db)`` in one transaction (no claim), commit, return its result."""
+        ...
+
+
+@functools.lru_cache(maxsize=1024)
+def qmark_to_format(sql: str) -> str:
+    """``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` as ``%%``), leaving quoted
+    strings and identifiers alone but for their ``%``."""
+    out: list[str] = []
+    quote: str | None = None
+    for char in sql:
+        if char == "%":
+            out.append("%%")
+        elif quote is not None:
+            out.append(char)
+            if char == quote:
+                quote = None
+        elif char in ("'", '"'):
+            quote = char
+            out.append(char)
+        elif char == "?":
+            out.append("%s")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+class HandlerDb:
+    """The store's connection as a handler sees it, the same in every store and mode.
+
+    ``execute(sql, params)`` and ``executemany(sql, rows)`` take ``?`` placeholders;
+    ``dialect`` is ``sqlite`` or ``postgresql``. The first use calls ``on_first_use`` (the
+    SQLite store begins its transaction only then, so a handler's work outside the database
+    does not hold the write lock; in a batch, a SAVEPOINT, so a failing handler's writes roll
+    back alone). What would end the store's transaction - ``commit``, ``rollback``, ``close``,
+    ``executescript``, ``with db:`` - raises TypeError."""
+
+    __slots__ = ("_connection", "_format", "_on_first_use", "dialect", "used")
+
+    def __init__(
+        self,
+        connection: Any,
+        dialect: Dialect,
+        on_first_use: Callable[[], None] | None = None,
+    ) -> None:
+        self._connection = connection
+        self.dialect = dialect
+        self._format = dialect == "postgresql"
+        self._on_first_use = on_first_use
+        self.used = False
+
+    def _use(self) -> Any:
+        if not self.used:
+            self.used = True
+            if self._on_first_use is not None:
+                self._on_first_use()
+        return self._connection
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        """Run one statement; ``?`` placeholders, ``params`` a sequence. Returns a cursor."""
+        connection = self._use()
+        if self._format and params is not None:
+            sql = qmark_to_format(sql)
+        return connection.execute(sql) if params is None else connection.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        """Run one statement for every row of ``rows`` (``?`` placeholders)."""
+        connection = self._use()
+        if self._format:
+            with connection.cursor() as cursor:
+                cursor.executemany(qmark_to_format(sql), rows)
+                return cursor
+        return connection.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _ENDS_THE_TRANSACTION:
+            raise TypeError(
+                f"db.{name} would end the store's transaction; the store commits after the "
+                "handler (a batch after its last handler)"
+            )
+        raise AttributeError(f"HandlerDb has no {name!r}: use execute() or executemany()")
+
+    def __enter__(self) -> HandlerDb:
+        raise TypeError("with db: would commit the store's transaction")
+
+    def __exit__(self, *exc: object) -> None:
+        raise TypeError("with db: would commit the store's transaction")
+
+
+_ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript", "autocommit"})
+
+
+def run_in_savepoint(
+    connection: Any, dialect: Dialect, work: Callable[[Any], None], check: Callable[[], None]
+) -> BaseException | None:
+    """Run one handler of a batch on a :class:`HandlerDb` whose first use opens ``SAVEPOINT
+    delivery``; then ``check()`` (the store's test that its transaction is still usable).
+    Returns None after RELEASE, or the exception ``work`` or ``check`` raised after ROLLBACK
+    TO. A DedupStoreError (the store failed or was misused) is raised, not returned."""
+
+    def savepoint(statement: str) -> None:
+        try:
+            connection.execute(statement)
+        except Exception as e:  # sqlite3.Error or psycopg.Error
+            raise DedupStoreError(f"{statement} failed: {e}") from e
+
+    db = HandlerDb(connection, dialect, functools.partial(savepoint, "SAVEPOINT delivery"))
+    try:
+        work(db)
+        check()
+    except DedupStoreError:
+        raise
+    except BaseException as e:  # the handler's error (sys.exit() too): roll back this one only
+        if db.used:
+            savepoint("ROLLBACK TO delivery")
+            savepoint("RELEASE delivery")
+        return e
+    if db.used:
+        savepoint("RELEASE delivery")
+    return None
+
+
+NOTE_REDELIVERY = (
+    "INSERT INTO redeliveries(message_id, count, last_at) VALUES (?, 1, ?) "
+    "ON CONFLICT(message_id) DO UPDATE SET count = redeliveries.count + 1, "
+    "last_at = excluded.last_at RETURNING count"
+)
+
+
+class SqlStore:
+    """The SQL both stores run the same way, on a :class:`HandlerDb` of one transaction:
+    first_seen, the redelivery count, claims read, purge, stats. Subclasses give
+    ``dialect``, ``location``, ``_transaction(what)`` (yielding a HandlerDb, committing on
+    success) and ``_error(what, e)`` (their driver's error as DedupStoreError or
+    StoreUnavailable)."""
+
+    dialect: Dialect
+
+    @property
+    def location(self) -> str:
+        raise NotImplementedError
+
+    def _transaction(self, what: str) -> AbstractContextManager[HandlerDb]:
+        raise NotImplementedError
+
+    def _error(self, what: str, e: Exception) -> DedupStoreError:
+        raise NotImplementedError
+
+    def _run(self, what: str, work: Callable[[HandlerDb], T]) -> T:
+        try:
+            with self._transaction(what) as db:
+                return work(db)
+        except DedupStoreError:
+            raise
+        except Exception as e:  # the driver's error
+            raise self._error(what, e) from e
+
+    def first_seen(self, message_id: str, now: float) -> float:
+        """When ``message_id`` was first received (epoch seconds); records ``now`` the first
+        time. Raises DedupStoreError (StoreUnavailable when the store cannot be reached)."""
+
+        def work(db: HandlerDb) -> float:
+            db.execute(
+                "INSERT INTO first_seen(message_id, first_seen_at) VALUES (?, ?) "
+                "ON CONFLICT (message_id) DO NOTHING",
+                (message_id, now),
+            )
+            row = db.execute(
+                "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
+            ).fetchone()
+            return float(row[0])
+
+        return self._run(f"record first_seen of {message_id!r} in", work)
+
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        """Count one more broker redelivery of ``message_id`` (committed before this returns);
+        return the count. Raises DedupStoreError."""
+        return self._run(
+            f"count a redelivery of {message_id!r} in",
+            lambda db: int(db.execute(NOTE_REDELIVERY, (message_id, now)).fetchone()[0]),
+        )
+
+    def reset_redeliveries(self, message_id: str) -> None:
+        """Forget ``message_id``'s redelivery count. Raises DedupStoreError."""
+        self._run(
+            f"reset the redelivery count of {message_id!r} in",
+            lambda db: db.execute("DELETE FROM redeliveries WHERE message_id = ?", (message_id,)),
+        )
+
+    def is_processed(self, message_id: str) -> bool:
+        """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
+        return self._run(
+            "read",
+            lambda db: (
+                db.execute("SELECT 1 FROM processed WHERE message_id = ?", (message_id,)).fetchone()
+                is not None
+            ),
+        )
+
+    def purge(self, older_than: float) -> Purged:
+        """DELETE claims, first_seen entries and redelivery counts recorded before
+        ``older_than`` (epoch seconds), in one transaction. Raises DedupStoreError."""
+
+        def work(db: HandlerDb) -> Purged:
+            processed = db.execute(
+                "DELETE FROM processed WHERE processed_at < ?", (older_than,)
+            ).rowcount
+            seen = db.execute(
+                "DELETE FROM first_seen WHERE first_seen_at < ?", (older_than,)
+            ).rowcount
+            db.execute("DELETE FROM redeliveries WHERE last_at < ?", (older_than,))
+            return Purged(int(processed), int(seen))
+
+        return self._run("purge", work)
+
+    def stats(self) -> StoreStats:
+        """How many claims the store holds and the oldest one's time. Raises DedupStoreError."""
+        row = self._run(
+            "read",
+            lambda db: db.execute("SELECT count(*), min(processed_at) FROM processed").fetchone(),
+        )
+        return StoreStats(int(row[0]), None if row[1] is None else float(row[1]))
+
+    def run_in_transaction(self, work: Callable[[HandlerDb], T]) -> T:
+        """Run ``work(db)`` in one transaction and commit; rolls back and re-raises what it
+        raised; raises DedupStoreError when the commit fails."""
+        with self._transaction("write to") as db:
+            return work(db)
+
+
+def claims_held(db: HandlerDb, message_ids: list[str]) -> set[str]:
+    """The ids among ``message_ids`` already claimed: one SELECT per 500 (bound parameters, so
+    any string - NUL included - compares exactly)."""
+    held: set[str] = set()
+    for i in range(0, len(message_ids), 500):
+        chunk = message_ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = db.execute(f"SELECT message_id FROM processed WHERE message_id IN ({marks})", chunk)
+        held.update(row[0] for row in rows)
+    return held
+
+
+def batches_of(items: list[T], size: int = 500) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -1,0 +1,245 @@
+"""PostgreSQL de-duplication store (psycopg 3) for workers on many hosts.
+
+The claim ``INSERT ... ON CONFLICT (message_id) DO NOTHING`` comes first and the handler's own
+writes follow in the same transaction, committed before basic.ack. Two workers claiming the
+same message_id at the same moment (a duplicate published twice, a redelivery racing the
+original) cannot both run the handler: the second INSERT waits on the first one's uncommitted
+row in the primary-key index. If the first commits, the second inserts 0 rows and skips; if it
+rolls back, the second claims the id and runs the handler. Different message_ids never wait
+for each other: this is the reference for what may run concurrently. A worker killed
+mid-transaction loses its session; PostgreSQL rolls the transaction back and releases the row.
+Isolation is PostgreSQL's default, READ COMMITTED. One connection per thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+
+from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
+from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
+from amqp_lab.settings import mask_secrets, mask_url
+
+__all__ = ["PostgresDedupStore"]
+
+_SCHEMA_LOCK = 0x616D71706C6162  # pg_advisory_xact_lock key: concurrent workers create once
+
+
+def _raise_if_aborted(db: psycopg.Connection[Any], message_id: str) -> None:
+    """A handler that caught its own failed statement and returned normally left the
+    transaction aborted: PostgreSQL would turn the COMMIT into a ROLLBACK without an error
+    (psycopg does not raise), so the message would be acked with neither its claim nor its
+    writes. Raise TransientError instead, which rolls the writes back and retries the
+    delivery."""
+    if db.info.transaction_status == TransactionStatus.INERROR:
+        raise TransientError(
+            f"the handler of message_id={message_id!r} returned after a failed SQL statement "
+            "(the transaction was aborted); its writes were rolled back"
+        )
+
+
+class PostgresDedupStore(SqlStore):
+    """A store in the PostgreSQL database named by ``url`` (``postgresql://user@host/db``).
+    One connection per thread, reopened on the next call after it broke. ``connect_timeout``
+    is in seconds; ``clock`` gives claim times in epoch seconds. Raises DedupStoreError
+    (password masked) when the database cannot be reached.
+
+    A lost connection - the server restarted, the session terminated
+    (``pg_terminate_backend``), the network cut - raises StoreUnavailable from whatever call
+    noticed it, the handler's own statements included: the transaction is gone, nothing of it
+    was committed (or, for a COMMIT whose answer was lost, the claims tell on the retry), and
+    the consumer retries the delivery with backoff."""
+
+    dialect: Dialect = "postgresql"
+
+    def __init__(
+        self, url: str, clock: Callable[[], float] = time.time, connect_timeout: int = 10
+    ) -> None:
+        self._url = url
+        self._clock = clock
+        self._timeout = connect_timeout
+        try:
+            self._password = str(conninfo_to_dict(url).get("password") or "")
+        except psycopg.Error as e:
+            raise DedupStoreError(f"malformed dedup store URL {mask_url(url)!r}") from e
+        self._local = threading.local()
+        self._all: list[psycopg.Connection[Any]] = []
+        self._all_lock = threading.Lock()
+
+        def create(db: HandlerDb) -> None:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
+            for statement in schema("postgresql"):
+                db.execute(statement)
+
+        self._run("create the schema in", create)
+
+    @property
+    def location(self) -> str:
+        """The URL with any password masked."""
+        return mask_secrets(self._url, self._password)
+
+    def _error(self, what: str, e: BaseException) -> DedupStoreError:
+        """StoreUnavailable for a connection-level failure (OperationalError, or the connection
+        is broken or closed), else DedupStoreError; the password is masked."""
+        detail = mask_secrets(" ".join(str(e).split()), self._password)
+        lost = isinstance(e, psycopg.OperationalError) or self._lost()
+        kind = StoreUnavailable if lost else DedupStoreError
+        return kind(f"cannot {what} dedup store {self.location}: {detail}")
+
+    def _lost(self) -> bool:
+        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
+        return db is not None and (db.broken or db.closed)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
+        if db is None or db.closed or db.broken:
+            self._local.db = None
+            try:
+                db = psycopg.connect(
+                    self._url,
+                    autocommit=False,
+                    connect_timeout=self._timeout,
+                    application_name="amqp-lab dedup",
+                )
+            except psycopg.Error as e:
+                raise self._error("open", e) from e
+            self._local.db = db
+            with self._all_lock:
+                self._all.append(db)
+        return db
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[HandlerDb]:
+        """One transaction on this thread's connection: commit on success; roll back and
+        re-raise the caller's exception unchanged otherwise (StoreUnavailable instead when the
+        connection was lost); a failed COMMIT raises DedupStoreError."""
+        db = self._connection()
+        try:
+            yield HandlerDb(db, "postgresql")
+        except BaseException as e:
+            # On a broken connection the server rolls back when the session ends.
+            with suppress(psycopg.Error):
+                db.rollback()
+            if self._lost() and not isinstance(e, StoreUnavailable):
+                # the handler's statement, or a savepoint, hit the lost connection
+                raise self._error(what, e) from e
+            raise
+        if db.info.transaction_status == TransactionStatus.INERROR:
+            # COMMIT would silently become ROLLBACK: say so instead of reporting success
+            with suppress(psycopg.Error):
+                db.rollback()
+            raise DedupStoreError(
+                f"cannot commit to ({what}) dedup store {self.location}: a statement failed "
+                "and its error was swallowed; everything was rolled back"
+            )
+        try:
+            db.commit()
+        except psycopg.Error as e:
+            raise self._error(f"commit to ({what})", e) from e
+
+    def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
+        """Claim ``message_id`` and run ``work(db)`` in one transaction, commit, and return
+        True; return False without running ``work`` if another transaction already committed
+        the claim (waiting for one still open). Rolls back and re-raises what ``work`` raised;
+        raises DedupStoreError when the database fails."""
+        with self._transaction("claim in") as db:
+            try:
+                cursor = db.execute(
+                    "INSERT INTO processed(message_id, processed_at) VALUES (?, ?) "
+                    "ON CONFLICT (message_id) DO NOTHING",
+                    (message_id, self._clock()),
+                )
+            except psycopg.Error as e:
+                raise self._error(f"claim {message_id!r} in", e) from e
+            if cursor.rowcount == 0:
+                return False
+            work(db)
+            _raise_if_aborted(self._connection(), message_id)
+        return True
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        """:meth:`process_once` for many deliveries in ONE transaction. Returns, per delivery,
+        True (processed), False (already processed: by a committed transaction, or earlier in
+        this batch) or the exception its work raised. Everything is committed before this
+        returns; the caller acks afterwards.
+
+        The claims come first, in one ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` over the
+        batch's message_ids in sorted order: a claim held by another open transaction makes this
+        one wait (as in :meth:`process_once`), and two batches lock their rows in the same order,
+        so they cannot deadlock on claims. Each handler then runs once with a
+        :class:`~amqp_lab.dedup.base.HandlerDb` whose first use opens a SAVEPOINT (so a
+        failing handler's writes roll back alone), and the claims of message_ids whose every
+        copy failed are deleted before the commit. A handler that returns after one of its
+        statements failed (the transaction is aborted) fails with TransientError, its writes
+        rolled back. Raises DedupStoreError when the database fails or a handler ended the
+        transaction (nothing is committed then)."""
+        now = self._clock()
+        results: list[bool | BaseException] = []
+        with self._transaction("claim a batch in") as handler_db:
+            db = self._connection()
+            try:
+                claimed = {
+                    row[0]
+                    for row in handler_db.execute(
+                        "INSERT INTO processed(message_id, processed_at) "
+                        "SELECT id, ? FROM unnest(?::text[]) AS id ORDER BY id "
+                        "ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
+                        (now, sorted({message_id for message_id, _ in batch})),
+                    )
+                }
+            except psycopg.Error as e:
+                raise self._error("claim a batch in", e) from e
+            succeeded: dict[str, bool] = {}  # claimed message_id -> a copy of it succeeded
+            for message_id, work in batch:
+                if message_id not in claimed or succeeded.get(message_id):
+                    results.append(False)
+                    continue
+
+                def check(message_id: str = message_id) -> None:
+                    if db.info.transaction_status == TransactionStatus.IDLE:
+                        ran = {m for m, ok in succeeded.items() if ok} | {message_id}
+                        self._release_claims(db, sorted(claimed - ran))
+                        raise DedupStoreError(
+                            f"the handler of message_id={message_id!r} ended the batch's "
+                            f"transaction in {self.location} (COMMIT or ROLLBACK as SQL); the "
+                            "claims of the deliveries whose handlers had not run or had failed "
+                            "were released, so they run again when redelivered"
+                        )
+                    _raise_if_aborted(db, message_id)
+
+                error = run_in_savepoint(db, "postgresql", work, check)
+                succeeded[message_id] = error is None
+                results.append(True if error is None else error)
+            failed = [message_id for message_id, ok in succeeded.items() if not ok]
+            if failed:
+                try:
+                    db.execute("DELETE FROM processed WHERE message_id = ANY(%s)", (failed,))
+                except psycopg.Error as e:
+                    raise self._error("release failed claims in", e) from e
+        return results
+
+    def _release_claims(self, db: psycopg.Connection[Any], message_ids: list[str]) -> None:
+        """After a handler committed the batch's transaction early: delete (and commit) the
+        claims it committed for deliveries whose handlers never ran or failed."""
+        try:
+            db.execute("DELETE FROM processed WHERE message_id = ANY(%s)", (message_ids,))
+            db.commit()
+        except psycopg.Error as e:
+            raise self._error("release the claims of unrun handlers in", e) from e
+
+    def close(self) -> None:
+        """Close every thread's connection (an open transaction is rolled back by the server)."""
+        with self._all_lock:
+            connections, self._all = self._all, []
+        for db in connections:
+            with suppress(psycopg.Error):
+                db.close()

@@ -1,0 +1,426 @@
+"""DLQ records (pure): what a person needs to find the cause of a dead-lettered message, and
+everything needed to send it again exactly as it was.
+
+Two kinds of message can sit in the DLQ:
+
+* a **record** published by the consumer (``type = "dlq-record"``, the default): a JSON body
+  (format 2, docs/dlq-record.md) with the exact body, every header and property in the typed
+  encoding of :mod:`amqp_lab.fieldtable`, the error (with a bounded traceback for an
+  unexpected exception), classification, attempts, first_seen_at, last_failed_at, and the
+  message's **original** exchange and routing key, kept across every retry hop;
+* a **raw** message moved by the broker's DLX after basic.reject(requeue=False): its original
+  body and properties with an ``x-death`` header (https://www.rabbitmq.com/docs/dlx#effects).
+
+:func:`view_of` reads both (and format 1 records) into one :class:`DlqEntry`;
+:func:`replay_message` rebuilds the original message from it: the same body bytes, headers of
+the same types and bytes, the same properties, to the original exchange and routing key. Only
+amqp-lab's bookkeeping headers start afresh (``attempts`` 0; no first_seen_at /
+original_exchange / original_routing_key) and the broker's x-death family is dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from amqp_lab.fieldtable import FieldTableError, table_from_typed, typed_table
+from amqp_lab.message import (
+    ATTEMPTS_HEADER,
+    FIRST_SEEN_HEADER,
+    JSON,
+    REPLAYED_PROPERTIES,
+    OutgoingMessage,
+    encode_json,
+    original_destination,
+    user_headers,
+)
+
+__all__ = [
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_TRACEBACK_CHARS",
+    "RECORD_FORMAT",
+    "RECORD_TYPE",
+    "DlqEntry",
+    "DlqSummary",
+    "Selection",
+    "bounded_traceback",
+    "build_record",
+    "decode_payload",
+    "encode_payload",
+    "encode_record",
+    "fallback_record",
+    "json_depth",
+    "parse_time",
+    "record_message",
+    "replay_message",
+    "summarize",
+    "utc_iso",
+    "view_of",
+]
+
+RECORD_TYPE = "dlq-record"
+RECORD_FORMAT = 2
+MAX_TRACEBACK_CHARS = 8000
+MAX_PAYLOAD_DEPTH = 100
+"""JSON nested deeper than this is kept as text in a record: the record itself, browsing it and
+replaying it parse the payload again, one level deeper and at other stack depths, where
+Python's recursion limit (about 1000) would turn a poison body into a crash."""
+
+
+def utc_iso(ts: float) -> str:
+    """ISO 8601 UTC with milliseconds, e.g. ``2026-11-29T17:41:02.123Z``; ``ts`` in seconds."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def encode_payload(body: bytes) -> tuple[Any, str]:
+    """(payload, encoding), lossless: the parsed JSON value ("json") only when re-encoding it
+    gives back exactly ``body`` and it nests at most ``MAX_PAYLOAD_DEPTH`` levels, else the
+    UTF-8 text ("text"), else base64. Never raises."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(body).decode("ascii"), "base64"
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # "[" * 5000 exhausts the recursion limit
+        return text, "text"
+    if json_depth(value) > MAX_PAYLOAD_DEPTH:
+        return text, "text"
+    try:
+        exact = encode_json(value) == body
+    except (ValueError, TypeError, RecursionError):
+        exact = False
+    return (value, "json") if exact else (text, "text")
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays/objects nest in a parsed JSON value (0 for a scalar), without
+    recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in item)
+    return deepest
+
+
+def decode_payload(payload: Any, encoding: str) -> bytes:
+    """Inverse of :func:`encode_payload`."""
+    if encoding == "base64":
+        return base64.b64decode(payload)
+    if encoding == "text":
+        return str(payload).encode("utf-8")
+    return encode_json(payload)
+
+
+def bounded_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """The formatted traceback of ``error``, at most ``limit`` characters: the end is kept,
+    where the exception was raised."""
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= limit else "...\n" + text[-(limit - 4) :]
+
+
+def build_record(
+    *,
+    body: bytes,
+    message_id: str | None,
+    exchange: str,
+    routing_key: str,
+    queue: str,
+    properties: dict[str, Any],
+    headers: dict[Any, Any] | None,
+    error: BaseException,
+    classification: str,
+    attempts: int,
+    first_seen_at: str,
+    failed_at: float,
+    undecodable_headers: bytes | None = None,
+) -> dict[str, Any]:
+    """The DLQ record body (format 2) for a failed delivery. ``exchange`` / ``routing_key``
+    are the delivery's; the record names the original ones (:func:`original_destination`).
+    ``properties``: the delivery's basic properties by name (None values left out);
+    ``failed_at`` in seconds since the epoch; ``attempts``: deliveries tried, this one
+    included - the record's own ``attempts`` header says the same. An ``unknown``
+    classification (neither a business nor a transient error) carries a bounded traceback."""
+    payload, encoding = encode_payload(body)
+    original_exchange, original_key = original_destination(headers, exchange, routing_key)
+    error_info: dict[str, Any] = {"type": type(error).__name__, "message": str(error)[:2000]}
+    if classification == "unknown":
+        error_info["traceback"] = bounded_traceback(error)
+    record: dict[str, Any] = {
+        "format": RECORD_FORMAT,
+        "message_id": message_id,
+        "payload": payload,
+        "payload_encoding": encoding,
+        "content_type": properties.get("content_type"),
+        "properties": typed_table({k: v for k, v in properties.items() if v is not None}),
+        "headers": typed_table(user_headers(headers)),
+        "error": error_info,
+        "classification": classification,
+        "attempts": attempts,
+        "first_seen_at": first_seen_at,
+        "last_failed_at": utc_iso(failed_at),
+        "original": {"exchange": original_exchange, "routing_key": original_key, "queue": queue},
+    }
+    if headers and "x-death" in headers:
+        record["x_death"] = typed_table({"x-death": headers["x-death"]})[0][1]
+    if undecodable_headers is not None:
+        record["headers_raw"] = base64.b64encode(undecodable_headers).decode("ascii")
+    return record
+
+
+def fallback_record(
+    *, body: bytes, message_id: str | None, queue: str, error: BaseException, problem: str
+) -> dict[str, Any]:
+    """A minimal record for when :func:`build_record` itself failed (a bug, or input nobody
+    foresaw): the exact body as base64, the error, and what went wrong building the record. The
+    message still reaches the DLQ instead of crashing the worker on every redelivery."""
+    return {
+        "format": RECORD_FORMAT,
+        "message_id": message_id,
+        "payload": base64.b64encode(body).decode("ascii"),
+        "payload_encoding": "base64",
+        "error": {"type": type(error).__name__, "message": str(error)[:2000]},
+        "record_error": problem[:2000],
+        "classification": "unknown",
+        "attempts": 0,
+        "original": {"exchange": "", "routing_key": "", "queue": queue},
+    }
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """The record's JSON body: compact, sorted keys, ASCII - an exception message may hold a
+    lone surrogate (``surrogateescape``, ``os.fsdecode``) that UTF-8 cannot encode; JSON
+    escapes keep it. Never raises for a record built here."""
+    return json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+
+
+def record_message(record: dict[str, Any], dlx: str, routing_key: str) -> OutgoingMessage:
+    """The message carrying ``record`` to the DLX: persistent, same message_id, type dlq-record,
+    and an ``attempts`` header equal to the record's."""
+    return OutgoingMessage(
+        body=encode_record(record),
+        message_id=record.get("message_id") or "",
+        exchange=dlx,
+        routing_key=routing_key,
+        content_type=JSON,
+        headers={ATTEMPTS_HEADER: record["attempts"]},
+        type=RECORD_TYPE,
+    )
+
+
+@dataclass(frozen=True)
+class DlqEntry:
+    """One DLQ message as a person reads it, whichever way it got there. ``headers`` and
+    ``properties`` hold real values (the types the message carried)."""
+
+    message_id: str | None
+    source: str  # "record", "x-death" or "raw"
+    error_type: str
+    error_message: str
+    classification: str
+    attempts: int | None  # None: unknown (moved by the broker's DLX, not by our record)
+    first_seen_at: str | None
+    last_failed_at: str | None
+    exchange: str
+    routing_key: str
+    payload: Any
+    payload_encoding: str
+    headers: dict[Any, Any]
+    properties: dict[str, Any] = field(default_factory=dict)
+    traceback: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe, lossless: headers and properties in the typed encoding."""
+        return {
+            "message_id": self.message_id,
+            "source": self.source,
+            "error": {"type": self.error_type, "message": self.error_message},
+            "classification": self.classification,
+            "attempts": self.attempts,
+            "first_seen_at": self.first_seen_at,
+            "last_failed_at": self.last_failed_at,
+            "original": {"exchange": self.exchange, "routing_key": self.routing_key},
+            "payload": self.payload,
+            "payload_encoding": self.payload_encoding,
+            "headers": typed_table(self.headers),
+            "properties": typed_table(self.properties),
+            "traceback": self.traceback,
+        }
+
+
+def view_of(body: bytes, properties: Any) -> DlqEntry:
+    """Read a DLQ message (a record, or a raw message with x-death) into a :class:`DlqEntry`.
+    ``properties``: the delivery's basic properties (attributes as pika's BasicProperties)."""
+    if getattr(properties, "type", None) == RECORD_TYPE:
+        try:
+            return _view_of_record(json.loads(body))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, FieldTableError):
+            pass  # a damaged record is shown raw below rather than hidden
+    return _view_of_raw(body, properties)
+
+
+def _view_of_record(record: dict[str, Any]) -> DlqEntry:
+    error = record["error"]
+    if record.get("format", 1) >= 2:
+        headers = table_from_typed(record.get("headers") or [])
+        props = table_from_typed(record.get("properties") or [])
+    else:  # format 1: headers as plain JSON values, properties not kept
+        headers = dict(record.get("headers") or {})
+        props = {"content_type": record.get("content_type")}
+    return DlqEntry(
+        message_id=record.get("message_id"),
+        source="record",
+        error_type=str(error["type"]),
+        error_message=str(error["message"]),
+        classification=record.get("classification", "?"),
+        attempts=int(record.get("attempts", 0)),
+        first_seen_at=record.get("first_seen_at"),
+        last_failed_at=record.get("last_failed_at"),
+        exchange=record["original"]["exchange"],
+        routing_key=record["original"]["routing_key"],
+        payload=record.get("payload"),
+        payload_encoding=record.get("payload_encoding", "json"),
+        headers=headers,
+        properties=props,
+        traceback=error.get("traceback"),
+    )
+
+
+def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
+    headers = dict(getattr(properties, "headers", None) or {})
+    deaths = headers.get("x-death") or []
+    first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
+    payload, encoding = encode_payload(body)
+    reason = _text(first.get("reason", "")) or "unknown"
+    keys = first.get("routing-keys") or [""]
+    exchange, routing_key = original_destination(
+        headers, _text(first.get("exchange", "")), _text(keys[0])
+    )
+    attempts_header = headers.get(ATTEMPTS_HEADER)
+    message_id = getattr(properties, "message_id", None)
+    return DlqEntry(
+        message_id=message_id if isinstance(message_id, str) else None,
+        source="x-death" if deaths else "raw",
+        error_type=f"dead-lettered:{reason}",
+        error_message=f"{reason} from queue {_text(first.get('queue', '?'))}" if deaths else "",
+        classification="rejected" if deaths else "?",
+        # x-death's count is how often the broker dead-lettered it, not how often it was tried;
+        # our header counts only republished retries. Unknown unless the header says more.
+        attempts=attempts_header if isinstance(attempts_header, int) and attempts_header else None,
+        first_seen_at=_time(headers.get(FIRST_SEEN_HEADER)),
+        last_failed_at=_time(first.get("time")),
+        exchange=exchange,
+        routing_key=routing_key,
+        payload=payload,
+        payload_encoding=encoding,
+        headers=headers,
+        properties={
+            name: getattr(properties, name, None)
+            for name in REPLAYED_PROPERTIES
+            if getattr(properties, name, None) is not None
+        },
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _time(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return utc_iso(value.replace(tzinfo=value.tzinfo or UTC).timestamp())
+    if isinstance(value, int | float):
+        try:
+            return utc_iso(float(value))
+        except (OverflowError, OSError, ValueError):
+            return str(value)
+    return _text(value)
+
+
+def replay_message(entry: DlqEntry, exchange: str | None = None) -> OutgoingMessage:
+    """The original message to republish: the exact body, the same message_id, the publisher's
+    headers with their types and bytes, the properties of :data:`REPLAYED_PROPERTIES`, to the
+    original exchange and routing key (``exchange`` overrides the exchange). ``attempts``
+    restarts at 0; amqp-lab's other bookkeeping headers and the broker's x-death family are
+    dropped."""
+    headers = user_headers(entry.headers)
+    headers[ATTEMPTS_HEADER] = 0
+    props = {k: v for k, v in entry.properties.items() if k in REPLAYED_PROPERTIES}
+    content_type = props.pop("content_type", None)
+    if content_type is None and entry.source == "record" and entry.payload_encoding == "json":
+        content_type = JSON
+    return OutgoingMessage(
+        body=decode_payload(entry.payload, entry.payload_encoding),
+        message_id=entry.message_id or "",
+        exchange=entry.exchange if exchange is None else exchange,
+        routing_key=entry.routing_key,
+        content_type=content_type,
+        headers=headers,
+        **props,
+    )
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse our ISO 8601 timestamps (``...Z`` or with an offset); None stays None."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class DlqSummary:
+    """``depth`` records; ``oldest_age`` seconds since the oldest ``last_failed_at`` (None when
+    no record carries a time); ``by_error_type`` counts, most frequent first."""
+
+    depth: int
+    oldest_age: float | None
+    by_error_type: tuple[tuple[str, int], ...]
+
+
+def summarize(entries: list[DlqEntry], now: datetime) -> DlqSummary:
+    """Summarize DLQ entries as of ``now`` (an aware datetime)."""
+    times = [t for t in (parse_time(e.last_failed_at) for e in entries) if t is not None]
+    oldest = (now - min(times)).total_seconds() if times else None
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.error_type] = counts.get(entry.error_type, 0) + 1
+    ranked = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return DlqSummary(len(entries), oldest, ranked)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which DLQ entries to replay: all given criteria must match. ``since`` / ``until`` bound
+    ``last_failed_at`` (inclusive); ``limit`` is applied by the caller, in DLQ order."""
+
+    message_id: str | None = None
+    error_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def matches(self, entry: DlqEntry) -> bool:
+        if self.message_id is not None and entry.message_id != self.message_id:
+            return False
+        if self.error_type is not None and entry.error_type != self.error_type:
+            return False
+        if self.since is not None or self.until is not None:
+            failed = parse_time(entry.last_failed_at)
+            if failed is None:
+                return False
+            if self.since is not None and failed < self.since:
+                return False
+            if self.until is not None and failed > self.until:
+                return False
+        return True

@@ -1,0 +1,182 @@
+"""Applying a topology: exchanges, queues and bindings declared over AMQP (idempotent for equal
+arguments), policies PUT through the management API, in the URL's vhost only. Dead-lettering
+is set by policy, never by queue arguments, so changing the DLX never needs a redeclare (406
+inequivalent arg: dramatiq #301, aio-pika #667).
+https://www.rabbitmq.com/docs/parameters#policies
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika.exceptions as pe
+
+from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.errors import PreconditionFailed, TopologyError
+from amqp_lab.management import ManagementClient
+from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology.model import (
+    Topology,
+    binding_key,
+    expected_policy_per_queue,
+    policy_matches,
+)
+
+__all__ = ["ApplyReport", "apply_topology"]
+
+
+@dataclass
+class ApplyReport:
+    """What :func:`apply_topology` changed; ``changed`` is False on an idempotent re-run."""
+
+    created: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created)
+
+
+def apply_topology(
+    settings: BrokerSettings, topology: Topology, policy_wait: float = 30.0
+) -> ApplyReport:
+    """Declare exchanges, queues and bindings over AMQP, then PUT the policies, in the URL's vhost.
+
+    Then waits up to ``policy_wait`` seconds until the management API shows each queue's policy
+    as effective, so a --verify right after passes. Idempotent: what already exists with equal
+    properties is left alone and reported unchanged.
+    Raises PreconditionFailed naming the queue or exchange and the inequivalent argument when the
+    live object differs (the connection stays usable), ManagementError when a policy cannot be set
+    (e.g. the user lacks the policymaker tag), and BrokerConnectionError subclasses.
+    """
+    report = ApplyReport()
+    vhost = settings.vhost
+    with ManagementClient(settings) as api:
+        live_bindings = {binding_key(b) for b in api.bindings(vhost)}
+        existing = {
+            ("exchange", e.name): api.exchange(vhost, e.name) is not None
+            for e in topology.exchanges
+        }
+        existing.update(
+            {("queue", q.name): api.queue(vhost, q.name) is not None for q in topology.queues}
+        )
+        connection = connect(settings)
+        try:
+            channel = connection.channel()
+            for exchange in topology.exchanges:
+                channel = _declare(
+                    connection,
+                    channel,
+                    "exchange",
+                    exchange.name,
+                    lambda ch, x=exchange: ch.exchange_declare(
+                        x.name,
+                        x.type,
+                        durable=x.durable,
+                        auto_delete=x.auto_delete,
+                        internal=x.internal,
+                        arguments=dict(x.arguments),
+                    ),
+                    settings,
+                )
+                _record(report, f"exchange {exchange.name}", existing[("exchange", exchange.name)])
+            for queue in topology.queues:
+                channel = _declare(
+                    connection,
+                    channel,
+                    "queue",
+                    queue.name,
+                    lambda ch, q=queue: ch.queue_declare(
+                        q.name,
+                        durable=q.durable,
+                        auto_delete=q.auto_delete,
+                        arguments=dict(q.arguments),
+                    ),
+                    settings,
+                )
+                _record(report, f"queue {queue.name}", existing[("queue", queue.name)])
+            for binding in topology.bindings:
+                channel = _declare(
+                    connection,
+                    channel,
+                    "binding",
+                    binding.destination,
+                    lambda ch, b=binding: ch.queue_bind(
+                        b.destination,
+                        b.source,
+                        routing_key=b.routing_key,
+                        arguments=dict(b.arguments),
+                    ),
+                    settings,
+                )
+                name = (
+                    f"binding {binding.source} -> {binding.destination} ({binding.routing_key!r})"
+                )
+                _record(report, name, binding_key(binding) in live_bindings)
+        finally:
+            close_quietly(connection)
+        for policy in topology.policies:
+            live = api.policy(vhost, policy.name)
+            same = live is not None and policy_matches(live, policy)
+            if not same:
+                api.put_policy(
+                    vhost,
+                    policy.name,
+                    policy.pattern,
+                    policy.definition_dict,
+                    policy.priority,
+                    policy.apply_to,
+                )
+            _record(report, f"policy {policy.name}", same)
+        _wait_effective_policies(api, vhost, topology, policy_wait)
+    return report
+
+
+def _wait_effective_policies(
+    api: ManagementClient, vhost: str, topology: Topology, timeout: float
+) -> None:
+    """Poll until every queue reports its expected policy as effective (the management API
+    shows it after the next statistics emission). Raises TopologyError after ``timeout`` s."""
+    expected = {q: p.name for q, p in expected_policy_per_queue(topology).items()}
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = {
+            q: name
+            for q, name in expected.items()
+            if ((api.queue(vhost, q) or {}).get("policy") or None) != name
+        }
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopologyError(
+                f"policies not effective after {timeout:.0f}s: "
+                + ", ".join(f"{q} (expected {n})" for q, n in pending.items())
+            )
+        time.sleep(0.25)
+
+
+def _record(report: ApplyReport, name: str, existed: bool) -> None:
+    (report.unchanged if existed else report.created).append(name)
+
+
+def _declare(
+    connection: Any, channel: Any, kind: str, name: str, action: Any, settings: BrokerSettings
+) -> Any:
+    """Run one declare; on a channel error open a fresh channel and raise a clear error."""
+    try:
+        action(channel)
+        return channel
+    except pe.ChannelClosedByBroker as e:
+        if e.reply_code == 406:
+            raise PreconditionFailed(
+                f"{kind} {name!r} already exists with different properties: {e.reply_text}. "
+                f"Fix: change the topology data to match, or delete the {kind} (its messages "
+                "are lost) and re-run; dead-letter settings belong in a policy, not in "
+                "arguments",
+                406,
+            ) from e
+        raise translate(e, settings) from e
+    except Exception as e:
+        raise translate(e, settings) from e
