@@ -21,10 +21,12 @@ from typing import Any
 
 from amqp_lab.errors import BusinessError, InvalidMessage, TransientError
 from amqp_lab.message import ATTEMPTS_HEADER, JSON, OutgoingMessage, Task, encode_json
+from amqp_lab.topology import load_topology
 
 KINDS = ("ok", "bad", "invalid", "flaky", "slow", "crash")
 CRASH_EXIT_CODE = 70
-EXCHANGE, ROUTING_KEY = "tasks", "task"  # the lab topology's (topology/definitions.json)
+_NAMES = load_topology().names  # the lab topology: amqp_lab/topology/definitions.json
+EXCHANGE, ROUTING_KEY = _NAMES.exchange, _NAMES.routing_key
 
 
 def task_message(

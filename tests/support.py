@@ -192,3 +192,6 @@ def one_error_line(stderr: str) -> str:
 
 NAMES = load_topology().names
 """The roles of the lab topology (topology/definitions.json, packaged with amqp_lab)."""
+
+LAB_ROUTE = {"exchange": NAMES.exchange, "routing_key": NAMES.routing_key}
+"""OutgoingMessage's exchange and routing key for the lab topology's work queue."""

@@ -34,6 +34,7 @@ from lab.handler import CRASH_EXIT_CODE, lab_handler, task_message
 from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.support import (
+    LAB_ROUTE,
     consumer_config,
     consumer_count,
     get_all,
@@ -282,6 +283,7 @@ def test_headers_pika_cannot_decode_no_longer_kill_the_worker(
     every delivery, so every worker died in turn. Now it decodes losslessly, is processed, and
     the queue behind it flows."""
     hostile = OutgoingMessage(
+        **LAB_ROUTE,
         body=encode_json({"kind": "ok", "seq": 1}),
         message_id="m-hostile",
         headers={"t": TaggedInt(2**63, "T"), "f": 1.5, "attempts": 0},
@@ -307,7 +309,10 @@ def test_headers_that_broke_the_record_builder_reach_the_dlq(
     (TypeError), killing the worker on every redelivery."""
     exotic = {"d": Decimal("1.50"), "when": datetime(2026, 1, 2, tzinfo=UTC), "n": {"b": b"\xff"}}
     message = OutgoingMessage(
-        body=encode_json({"kind": "invalid", "seq": 1}), message_id="m-exotic", headers=exotic
+        **LAB_ROUTE,
+        body=encode_json({"kind": "invalid", "seq": 1}),
+        message_id="m-exotic",
+        headers=exotic,
     )
     with Publisher(topology) as publisher:
         publisher.publish(message)
@@ -385,7 +390,7 @@ def test_a_signal_drains_the_handler_in_flight_then_exits(
     with Publisher(topology) as publisher:
         for i in range(3):
             body = encode_json({"kind": "slow", "seq": i, "seconds": 2})
-            publisher.publish(OutgoingMessage(body=body, message_id=f"m-{i}"))
+            publisher.publish(OutgoingMessage(**LAB_ROUTE, body=body, message_id=f"m-{i}"))
     proc = worker(topology, tmp_path)
     wait_for(lambda: ready_count(topology, "q:tasks") == 0, what="all three prefetched")
     proc.send_signal(sig)
@@ -402,7 +407,7 @@ def test_a_signal_drains_the_handler_in_flight_then_exits(
 def test_a_second_signal_exits_at_once(topology: BrokerSettings, tmp_path: Path) -> None:
     with Publisher(topology) as publisher:
         body = encode_json({"kind": "slow", "seq": 0, "seconds": 10})
-        publisher.publish(OutgoingMessage(body=body, message_id="m-long"))
+        publisher.publish(OutgoingMessage(**LAB_ROUTE, body=body, message_id="m-long"))
     proc = worker(topology, tmp_path)
     wait_for(lambda: ready_count(topology, "q:tasks") == 0, what="the message in flight")
     started = time.monotonic()

@@ -107,7 +107,8 @@ def test_postgres_session_terminated_mid_handler_is_retried(
     with psycopg.connect(pg_url, autocommit=True) as admin:
         killed = admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = 'amqp-lab dedup' AND datname = current_database()"
+            "WHERE application_name = 'amqp-lab dedup' AND datname = current_database() "
+            "AND state = 'idle in transaction'"  # the handler thread's session, mid-handler
         ).fetchone()
     assert killed == (1,)
     wait_for(lambda: len(reports) == 2, 30, what="both settled")

@@ -71,7 +71,13 @@ def main(
         metavar="N",
         help="handlers running at once in this process (each on its own store connection)",
     )
-    parser.add_argument("--prefetch", type=int, default=10, help="basic.qos prefetch_count")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="basic.qos prefetch_count (default 10; with --concurrency N > 1: at least "
+        "2 * N * --ack-batch, so every handler has its next delivery waiting)",
+    )
     parser.add_argument(
         "--idle-exit",
         type=float,
@@ -178,12 +184,21 @@ def main(
     max_cap = topology.longest_wait() or 3600.0
     if args.max_redeliveries < 1 or args.store_outage < 0 or args.wait_for_queue < 0:
         parser.error("--max-redeliveries must be >= 1, --store-outage/--wait-for-queue >= 0")
+    if args.prefetch is None:
+        args.prefetch = (
+            10 if args.concurrency == 1 else max(10, 2 * args.concurrency * args.ack_batch)
+        )
     if args.prefetch < 1:
         parser.error("--prefetch must be >= 1")
     if not 1 <= args.ack_batch <= args.prefetch:
         parser.error("--ack-batch must be within 1..--prefetch")
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
+    if args.concurrency * args.ack_batch > args.prefetch:
+        parser.error(
+            f"--prefetch must be at least --concurrency x --ack-batch "
+            f"({args.concurrency * args.ack_batch}): handlers beyond it would sit idle"
+        )
     if args.retry == "backoff" and not 1 <= args.max_attempts <= max_attempts:
         parser.error(
             f"--max-attempts must be 1..{max_attempts} (the topology has "

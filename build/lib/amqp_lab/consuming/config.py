@@ -1,0 +1,124 @@
+"""What a :class:`~amqp_lab.consuming.consumer.Consumer` is told: the handler's signature
+(:data:`Handler`) and :class:`ConsumerConfig`, validated when it is made (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from amqp_lab.errors import ConfigurationError
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, Task
+from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
+from amqp_lab.topology.model import Names
+from amqp_lab.topology.retry_check import RetryExpectations
+
+__all__ = ["ConsumerConfig", "Handler"]
+
+Handler = Callable[[Task, Any], None]
+"""``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
+transaction that also records the message_id (with ``ack_batch`` > 1 and a store that has
+``process_batch``, a :class:`~amqp_lab.dedup.HandlerDb` over the batch's one
+transaction: use ``db.execute`` and friends, never commit). Raise BusinessError or
+TransientError (or any exception, treated as unknown: retried like a transient one) to fail."""
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """``names``: the topology's roles (``topology.names``): the work queue, the DLX, the wait
+    queues; ``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
+    :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
+    deliveries; ``max_body_bytes``: larger bodies are business errors; ``dead_letter``:
+    ``publish`` (confirmed DLQ record, default) or ``reject`` (broker DLX, x-death);
+    ``retry``: requeue once (default) or broker-held backoff through wait queues of
+    ``retry_exchange``; ``ack_batch``: deliveries handled in one store transaction and acked with
+    one basic.ack(multiple=True) after its commit; ``ack_interval``: seconds a partial batch may
+    wait. With batches, a prefetch of 3 * ack_batch keeps deliveries flowing while one batch
+    commits and the next is decoded (measured: +8% msg/s over 2 * ack_batch).
+
+    The failure model's bounds, all in seconds or counts:
+
+    * ``reconnect_attempts``: connections in a row that settle nothing before giving up;
+    * ``queue_wait``: how long a queue missing at start is waited for (0: fail at once);
+      ``resubscribe_wait``: how long a queue that was deleted (basic.cancel) may take to come
+      back before the consumer gives up;
+    * ``max_redeliveries``: broker redeliveries of one message_id (counted in the store before
+      each handler run, so a crash cannot lose the count) before it is dead-lettered as poison
+      without running the handler;
+    * ``store_outage``: how long the dedup store may stay unavailable (deliveries retried,
+      nothing acked) before the consumer stops;
+    * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
+    * ``verify_topology``: check the effective policies retries depend on at every connection
+      (management API; backoff and reject modes).
+    """
+
+    names: Names
+    prefetch: int = 10
+    dead_letter: Literal["publish", "reject"] = "publish"
+    idle_exit: float | None = None
+    max_messages: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reconnect_attempts: int = 10
+    retry: RetryPolicy = REQUEUE_ONCE
+    ack_batch: int = 1
+    ack_interval: float = 0.005
+    queue_wait: float = 0.0
+    resubscribe_wait: float = 30.0
+    max_redeliveries: int = 3
+    store_outage: float = 60.0
+    dead_letter_attempts: int = 3
+    verify_topology: bool = True
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ack_batch <= self.prefetch:
+            raise ConfigurationError(
+                f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
+                "broker sends no more than prefetch unacked deliveries"
+            )
+        if (
+            min(
+                self.max_redeliveries,
+                self.reconnect_attempts,
+                self.dead_letter_attempts,
+                self.concurrency,
+            )
+            < 1
+        ):
+            raise ConfigurationError(
+                "max_redeliveries, reconnect_attempts, dead_letter_attempts and concurrency "
+                "must be >= 1"
+            )
+        if self.concurrency * self.ack_batch > self.prefetch:
+            raise ConfigurationError(
+                f"concurrency {self.concurrency} x ack_batch {self.ack_batch} needs a prefetch of "
+                f"at least {self.concurrency * self.ack_batch} (it is {self.prefetch}): the broker "
+                "sends no more than prefetch unacked deliveries, so handlers would sit idle; "
+                f"{2 * self.concurrency * self.ack_batch} keeps them all busy"
+            )
+        if self.retry.mode == "backoff" and (
+            self.names.retry_exchange is None or self.retry.max_attempts > self.names.max_attempts
+        ):
+            raise ConfigurationError(
+                f"backoff with max_attempts {self.retry.max_attempts} needs a retry exchange and "
+                f"{self.retry.max_attempts - 1} wait queues; the topology has "
+                f"{self.names.wait_queues}"
+            )
+
+    @property
+    def queue(self) -> str:
+        """The work queue consumed (``names.queue``)."""
+        return self.names.queue
+
+    def retry_expectations(self, vhost: str) -> RetryExpectations | None:
+        """What the live topology must provide for this config (None: nothing to check)."""
+        names = self.names
+        waits = (
+            tuple(names.wait_queue(n) for n in range(1, self.retry.max_attempts))
+            if self.retry.mode == "backoff"
+            else ()
+        )
+        dlx = names.dead_letter_exchange if self.dead_letter == "reject" else None
+        if not waits and dlx is None:
+            return None
+        return RetryExpectations(vhost, names.queue, waits, names.retry_exchange or "", dlx)

@@ -1,0 +1,98 @@
+"""The handler side of the consumer: what runs on a handler thread for one unit of
+deliveries - the redelivery count (poison detection), the dedup claim and the handler in one
+store transaction (one per delivery, or one per batch), and ``first_seen`` for failures - all
+committed before the consumer's I/O thread settles anything (pure of pika: no channel here).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from amqp_lab.consuming.config import ConsumerConfig, Handler
+from amqp_lab.consuming.delivery import Delivery
+from amqp_lab.consuming.store_retry import StoreRetry
+from amqp_lab.dedup import DedupStore
+from amqp_lab.errors import DedupStoreError, PoisonMessage
+from amqp_lab.message import FIRST_SEEN_HEADER
+
+__all__ = ["HandlerRunner"]
+
+
+class HandlerRunner:
+    """Runs units of deliveries on handler threads (thread-safe: the stores keep a connection
+    per thread). ``store_retry`` retries the store's outages (StoreUnavailable) with backoff."""
+
+    def __init__(
+        self, handler: Handler, store: DedupStore, config: ConsumerConfig, store_retry: StoreRetry
+    ) -> None:
+        self.handler = handler
+        self.store = store
+        self.config = config
+        self._store = store_retry
+
+    def process(self, batch: list[Delivery]) -> None:
+        """Handler thread: every store call and handler run of a batch, committed before any
+        ack. A redelivered delivery runs alone, after its redelivery is counted and committed:
+        a handler that kills the process is counted against its own message only."""
+        limit = self.config.max_redeliveries
+        fresh: list[Delivery] = []
+        for d in batch:
+            if d.task is None:
+                continue
+            if not d.redelivered:
+                fresh.append(d)
+                continue
+            message_id = d.task.message_id
+            if self._store.call(functools.partial(self.store.is_processed, message_id)):
+                d.duplicate = True  # committed already, its ack was lost: not a crash
+                continue
+            count = self._store.call(
+                functools.partial(self.store.note_redelivery, message_id, d.now)
+            )
+            if count > limit:
+                d.error = PoisonMessage(
+                    f"delivered {count + 1} times without being settled (max_redeliveries "
+                    f"{limit}): its handler may be killing the worker; not run again"
+                )
+            else:
+                self._run([d])
+        if fresh:
+            self._run(fresh)
+        for d in batch:
+            if (
+                d.error is not None
+                and d.message_id is not None
+                and not isinstance(d.headers.get(FIRST_SEEN_HEADER), str)
+            ):
+                d.first_seen_at = self._store.call(
+                    functools.partial(self.store.first_seen, d.message_id, d.now)
+                )
+
+    def _run(self, work: list[Delivery]) -> None:
+        """Claim + handler for each delivery, in one transaction when batching."""
+        batched = self.config.ack_batch > 1 and len(work) > 1
+        process_batch = getattr(self.store, "process_batch", None)
+        if batched and process_batch is not None:
+            pairs = [
+                (d.task.message_id, functools.partial(self.handler, d.task))
+                for d in work
+                if d.task is not None
+            ]
+            results: list[bool | BaseException] = self._store.call(
+                functools.partial(process_batch, pairs)
+            )
+            for d, result in zip(work, results, strict=True):
+                d.duplicate = result is False
+                d.error = result if isinstance(result, BaseException) else None
+            return
+        for d in work:
+            assert d.task is not None and d.message_id is not None
+            work_fn = functools.partial(self.handler, d.task)
+            try:
+                d.duplicate = not self._store.call(
+                    functools.partial(self.store.process_once, d.message_id, work_fn)
+                )
+            except DedupStoreError:
+                raise  # the store failed, not the handler: stop, nothing is acked
+            except BaseException as e:  # the handler's error decides the settlement; even a
+                d.error = e  # sys.exit() in a handler is its failure, never the worker's success

@@ -1,0 +1,190 @@
+"""Settlement on the delivering channel, after the unit's commit: basic.ack (one
+basic.ack(multiple=True) for a batch when it is safe), basic.nack(requeue=True), a confirmed
+retry copy into a wait queue, a confirmed DLQ record (or basic.reject to the DLX), or - when
+the DLQ takes nothing - the delivery parked (left unacked until the connection ends).
+
+A delivery tag is only ever settled on the channel that delivered it: if that channel died
+meanwhile the settlement is dropped (the broker redelivers; de-duplication keeps one effect)
+instead of killing the new channel with 406 unknown delivery tag (bunny #142, aio-pika #98).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from amqp_lab.consuming.config import ConsumerConfig
+from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
+from amqp_lab.consuming.delivery import Delivery, DeliveryReport
+from amqp_lab.consuming.settlement import Action, Settlement, classify
+from amqp_lab.consuming.settlement import decide as decide_settlement
+from amqp_lab.dedup import DedupStore
+from amqp_lab.dlq.record import utc_iso
+from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage
+from amqp_lab.message import FIRST_SEEN_HEADER
+from amqp_lab.retry.broker_held import retry_copy, retry_wait
+
+__all__ = ["Settler"]
+
+log = logging.getLogger(__name__)
+
+
+class Settler:
+    """Settles the consumer's deliveries and keeps the counts the consumer's life depends on:
+    ``handled`` (deliveries settled or reported), ``parked`` (in all), ``settled`` (this
+    connection settled something: the reconnect budget's reset) and the parked delivery tags of
+    the current channel. ``clock``: epoch seconds; ``uniform``: the retry waits' jitter."""
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        store: DedupStore,
+        writer: ConfirmedWriter,
+        clock: Callable[[], float] = time.time,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self._writer = writer
+        self.clock = clock
+        self.uniform = uniform
+        self.handled = 0
+        self.parked = 0
+        self.settled = False  # this connection settled a delivery
+        self.parked_tags: dict[int, str] = {}  # delivery tag -> why, on the current channel
+        self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
+
+    def new_connection(self) -> None:
+        """Forget the old connection's channel: its parked deliveries are back in the queue."""
+        self.settled = False
+        self._multiple_ok = True
+        self.parked_tags.clear()
+
+    def settle_batch(
+        self,
+        connection: Any,
+        channel: Any,
+        batch: list[Delivery],
+        reports: list[DeliveryReport | None],
+    ) -> None:
+        successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
+        last: Delivery | None = None
+        for d in batch:
+            settlement = decide_settlement(
+                classify(d.error), d.attempt, d.redelivered, self.config.retry
+            )
+            self.handled += 1
+            if settlement.action is Action.ACK:
+                outcome = "duplicate" if d.duplicate else "processed"
+                successes.append((len(reports), d.report(outcome, settlement.attempts)))
+                reports.append(None)  # reported once acked
+                last = d
+                continue
+            reports.append(self._settle_failure(connection, channel, d, settlement))
+        if last is None:
+            return
+        if len(batch) > 1 and self._multiple_ok and self.config.concurrency == 1:
+            # every delivery up to the last success is a success or already settled above
+            ack_all = functools.partial(channel.basic_ack, last.delivery_tag, multiple=True)
+            self.settle(channel, ack_all, last)
+        else:
+            for d in batch:
+                if d.error is None:  # the successes (processed or duplicate)
+                    self.settle(channel, functools.partial(channel.basic_ack, d.delivery_tag), d)
+        for position, report in successes:
+            reports[position] = report
+
+    def _settle_failure(
+        self, connection: Any, channel: Any, d: Delivery, settlement: Settlement
+    ) -> DeliveryReport:
+        tag = d.delivery_tag
+        first_seen = d.headers.get(FIRST_SEEN_HEADER)
+        first_seen_at = (
+            first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
+        )
+        if settlement.action is Action.REQUEUE:
+            self.settle(channel, lambda: channel.basic_nack(tag, requeue=True), d)
+            return d.report("requeued", settlement.attempts)
+        if settlement.action is Action.RETRY_LATER:
+            assert d.message_id is not None
+            wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
+            copy = retry_copy(
+                body=d.body,
+                message_id=d.message_id,
+                properties=d.properties_dict(),
+                headers=d.headers,
+                exchange=d.method.exchange,
+                routing_key=d.method.routing_key,
+                wait_queue=self.config.names.wait_queue(settlement.attempts),
+                attempts=settlement.attempts,
+                first_seen_at=first_seen_at,
+                wait=wait,
+            )
+            try:
+                self._writer.write(
+                    connection, channel, copy, f"retry copy of message_id={d.message_id}"
+                )
+            except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
+                d.notes.append(str(e))
+            else:
+                self.settle(channel, lambda: channel.basic_ack(tag), d)
+                return d.report("requeued", settlement.attempts, wait)
+        if self.config.dead_letter == "reject":
+            self.settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
+            return d.report("dead-lettered", settlement.attempts)
+        message = dlq_message(
+            d,
+            settlement,
+            first_seen_at=first_seen_at,
+            queue=self.config.queue,
+            dlx=self.config.names.dead_letter_exchange,
+            failed_at=self.clock(),
+        )
+        try:
+            self._writer.write(
+                connection, channel, message, f"DLQ record for message_id={d.message_id}"
+            )
+        except DeadLetterFailed as e:
+            self._park(d, e)
+            return d.report("parked", settlement.attempts)
+        self.settle(channel, lambda: channel.basic_ack(tag), d)
+        if isinstance(d.error, PoisonMessage) and d.message_id is not None:
+            self._forget_redeliveries(d.message_id)
+        return d.report("dead-lettered", settlement.attempts)
+
+    def _forget_redeliveries(self, message_id: str) -> None:
+        """After a poison message reached the DLQ: its redelivery count starts over, so a replay
+        (once the handler is fixed) gets its full budget. Best effort, one try: this runs on the
+        I/O thread, which must not wait out a store outage."""
+        try:
+            self.store.reset_redeliveries(message_id)
+        except DedupStoreError as e:
+            log.warning("redelivery count of message_id=%s not reset: %s", message_id, e)
+
+    def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
+        """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and
+        it returns to the queue when this connection closes (and comes back, to be tried
+        again). A channel full of parked deliveries can make no progress: stop then."""
+        self.parked += 1
+        self.parked_tags[d.delivery_tag] = str(error)
+        self._multiple_ok = False
+        log.warning("message_id=%s parked (left unacked): %s", d.message_id, error)
+        if len(self.parked_tags) >= self.config.prefetch:
+            raise DeadLetterFailed(
+                f"{len(self.parked_tags)} deliveries parked, as many as the prefetch: the DLQ "
+                f"takes nothing ({error})"
+            )
+
+    def settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
+        """Settle on the delivering channel only; drop the settlement if it has closed."""
+        if not channel.is_open:
+            raise StaleDelivery(
+                f"message_id={d.message_id}: channel closed before settlement; "
+                "the broker will redeliver it"
+            )
+        settle()
+        self.settled = True
