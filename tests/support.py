@@ -15,6 +15,7 @@ import pytest
 
 from amqp_lab.connection import open_channel
 from amqp_lab.consuming.consumer import ConsumerConfig
+from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import load_topology
@@ -193,5 +194,7 @@ def one_error_line(stderr: str) -> str:
 NAMES = load_topology().names
 """The roles of the lab topology (topology/definitions.json, packaged with amqp_lab)."""
 
-LAB_ROUTE = {"exchange": NAMES.exchange, "routing_key": NAMES.routing_key}
-"""OutgoingMessage's exchange and routing key for the lab topology's work queue."""
+
+def lab_message(**fields: Any) -> OutgoingMessage:
+    """An OutgoingMessage to the lab topology's exchange and routing key (its work queue)."""
+    return OutgoingMessage(exchange=NAMES.exchange, routing_key=NAMES.routing_key, **fields)

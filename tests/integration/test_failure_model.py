@@ -26,7 +26,7 @@ from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.fieldtable import TaggedInt
-from amqp_lab.message import OutgoingMessage, encode_json
+from amqp_lab.message import encode_json
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology
@@ -34,10 +34,10 @@ from lab.handler import CRASH_EXIT_CODE, lab_handler, task_message
 from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.support import (
-    LAB_ROUTE,
     consumer_config,
     consumer_count,
     get_all,
+    lab_message,
     lines_for,
     one_error_line,
     parse_lines,
@@ -282,8 +282,7 @@ def test_headers_pika_cannot_decode_no_longer_kill_the_worker(
     """A timestamp header past year 9999 (RabbitMQ accepts it) killed pika's frame decoder on
     every delivery, so every worker died in turn. Now it decodes losslessly, is processed, and
     the queue behind it flows."""
-    hostile = OutgoingMessage(
-        **LAB_ROUTE,
+    hostile = lab_message(
         body=encode_json({"kind": "ok", "seq": 1}),
         message_id="m-hostile",
         headers={"t": TaggedInt(2**63, "T"), "f": 1.5, "attempts": 0},
@@ -308,8 +307,7 @@ def test_headers_that_broke_the_record_builder_reach_the_dlq(
     """Decimal, timestamp, bytes nested in a table: the DLQ record used to fail to encode
     (TypeError), killing the worker on every redelivery."""
     exotic = {"d": Decimal("1.50"), "when": datetime(2026, 1, 2, tzinfo=UTC), "n": {"b": b"\xff"}}
-    message = OutgoingMessage(
-        **LAB_ROUTE,
+    message = lab_message(
         body=encode_json({"kind": "invalid", "seq": 1}),
         message_id="m-exotic",
         headers=exotic,
@@ -390,7 +388,7 @@ def test_a_signal_drains_the_handler_in_flight_then_exits(
     with Publisher(topology) as publisher:
         for i in range(3):
             body = encode_json({"kind": "slow", "seq": i, "seconds": 2})
-            publisher.publish(OutgoingMessage(**LAB_ROUTE, body=body, message_id=f"m-{i}"))
+            publisher.publish(lab_message(body=body, message_id=f"m-{i}"))
     proc = worker(topology, tmp_path)
     wait_for(lambda: ready_count(topology, "q:tasks") == 0, what="all three prefetched")
     proc.send_signal(sig)
@@ -407,7 +405,7 @@ def test_a_signal_drains_the_handler_in_flight_then_exits(
 def test_a_second_signal_exits_at_once(topology: BrokerSettings, tmp_path: Path) -> None:
     with Publisher(topology) as publisher:
         body = encode_json({"kind": "slow", "seq": 0, "seconds": 10})
-        publisher.publish(OutgoingMessage(**LAB_ROUTE, body=body, message_id="m-long"))
+        publisher.publish(lab_message(body=body, message_id="m-long"))
     proc = worker(topology, tmp_path)
     wait_for(lambda: ready_count(topology, "q:tasks") == 0, what="the message in flight")
     started = time.monotonic()

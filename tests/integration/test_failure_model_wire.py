@@ -33,7 +33,6 @@ from amqp_lab.fieldtable import TaggedInt, encode_table, tagged_int
 from amqp_lab.message import (
     BOOKKEEPING_HEADERS,
     BROKER_HEADERS,
-    OutgoingMessage,
     encode_json,
 )
 from amqp_lab.publishing.blocking import Publisher
@@ -46,11 +45,11 @@ from tests.brokers import TestBroker
 from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.support import (
-    LAB_ROUTE,
     NAMES,
     consumer_config,
     consumer_count,
     get_all,
+    lab_message,
     one_error_line,
     publish,
     ready_count,
@@ -86,21 +85,11 @@ def test_properties_the_broker_would_refuse_fail_alone_before_sending(
     topology: BrokerSettings,
 ) -> None:
     bad = {
-        "expiration -1": OutgoingMessage(
-            **LAB_ROUTE, body=b"{}", message_id="bad-exp", expiration="-1"
-        ),
-        "priority 300": OutgoingMessage(
-            **LAB_ROUTE, body=b"{}", message_id="bad-prio", priority=300
-        ),
-        "a set header": OutgoingMessage(
-            **LAB_ROUTE, body=b"{}", message_id="bad-hdr", headers={"s": {1}}
-        ),
-        "an int past 64 bits": OutgoingMessage(
-            **LAB_ROUTE, body=b"{}", message_id="bad-int", headers={"n": 2**70}
-        ),
-        "a 300-byte type": OutgoingMessage(
-            **LAB_ROUTE, body=b"{}", message_id="bad-type", type="t" * 300
-        ),
+        "expiration -1": lab_message(body=b"{}", message_id="bad-exp", expiration="-1"),
+        "priority 300": lab_message(body=b"{}", message_id="bad-prio", priority=300),
+        "a set header": lab_message(body=b"{}", message_id="bad-hdr", headers={"s": {1}}),
+        "an int past 64 bits": lab_message(body=b"{}", message_id="bad-int", headers={"n": 2**70}),
+        "a 300-byte type": lab_message(body=b"{}", message_id="bad-type", type="t" * 300),
     }
     good = [task_message("ok", i, f"good-{i}") for i in range(len(bad) + 1)]
     mixed = [m for pair in zip(good, [*bad.values(), None], strict=True) for m in pair if m]
@@ -139,7 +128,7 @@ def test_a_channel_close_goes_to_the_message_that_caused_it(
     )
     try:
         messages = [task_message("ok", i, f"m-{i}") for i in range(30)]
-        messages[12] = OutgoingMessage(**LAB_ROUTE, body=b"x" * 6000, message_id="m-big")
+        messages[12] = lab_message(body=b"x" * 6000, message_id="m-big")
         with PipelinedPublisher(topology, window=100) as publisher:
             batch = publisher.publish_many(messages).wait()
     finally:
@@ -182,11 +171,7 @@ def test_every_field_type_survives_dlq_and_replay_on_the_broker(
     expected = as_the_broker_delivers(headers, broker.version)
     message_id = f"m-{uuid.uuid4().hex[:8]}"
     with Publisher(topology) as publisher:  # not JSON, or no kind: a business error
-        publisher.publish(
-            OutgoingMessage(
-                **LAB_ROUTE, body=b"\x00" + body, message_id=message_id, headers=headers
-            )
-        )
+        publisher.publish(lab_message(body=b"\x00" + body, message_id=message_id, headers=headers))
     store = SqliteDedupStore(tmp_path_factory.mktemp("d") / "d.sqlite3")
     Consumer(topology, lab_handler, store, consumer_config(idle_exit=0.5)).run()
     get_all(topology, "q:tasks:audit")
@@ -430,9 +415,7 @@ def test_headers_larger_than_a_frame_fail_alone_instead_of_killing_the_connectio
 ) -> None:
     """RabbitMQ answers a header frame over frame_max by closing the whole connection (501);
     such a message used to be republished on every reconnect, forever."""
-    huge = OutgoingMessage(
-        **LAB_ROUTE, body=b"{}", message_id="m-huge", headers={"pad": "x" * 140_000}
-    )
+    huge = lab_message(body=b"{}", message_id="m-huge", headers={"pad": "x" * 140_000})
     with PipelinedPublisher(topology, window=10) as publisher:
         future = publisher.publish_async(huge)
         publisher.publish(task_message("ok", 1, "m-ok"), timeout=30)
