@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -22,6 +22,7 @@ from amqp_lab.topology import load_topology
 from lab.handler import task_message
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def script_env(settings: BrokerSettings) -> dict[str, str]:
@@ -47,6 +48,12 @@ def with_concurrency(name: str, args: tuple[str, ...]) -> tuple[str, ...]:
         TEST_CONCURRENCY if prefetch is None else max(1, min(TEST_CONCURRENCY, prefetch // batch))
     )
     return (*args, "--concurrency", str(concurrency))
+
+
+def settled_order(items: list[T]) -> list[T]:
+    """``items`` (reports, outcomes) as a test compares them: in delivery order with one handler
+    at a time, sorted with several (they settle as they finish, in no fixed order)."""
+    return list(items) if TEST_CONCURRENCY == 1 else sorted(items)  # type: ignore[type-var]
 
 
 def consumer_config(**options: Any) -> ConsumerConfig:

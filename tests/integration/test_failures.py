@@ -25,7 +25,15 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import lab_handler, task_message
 from tests.brokers import TestBroker
-from tests.support import consumer_config, get_all, ready_count, run_script, wait_for
+from tests.support import (
+    TEST_CONCURRENCY,
+    consumer_config,
+    get_all,
+    ready_count,
+    run_script,
+    settled_order,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -180,12 +188,14 @@ def test_bad_input_is_dead_lettered_as_business_error(
         consumer_config(idle_exit=1.5, max_body_bytes=4096),
         on_report=reports.append,
     ).run()
-    assert [(r.outcome, r.attempts) for r in reports] == [("dead-lettered", 1)] * len(
-        BAD_INPUTS
-    ) + [("processed", 1)]
+    assert settled_order([(r.outcome, r.attempts) for r in reports]) == settled_order(
+        [("dead-lettered", 1)] * len(BAD_INPUTS) + [("processed", 1)]
+    )
     records = [json.loads(body) for _, _, body in get_all(topology, "q:tasks:dlq")]
     assert len(records) == len(BAD_INPUTS)
-    for record, (message_id, _, _, reason) in zip(records, BAD_INPUTS, strict=True):
+    by_id = {m or None: (m, b, e, reason) for m, b, e, reason in BAD_INPUTS}
+    inputs = [by_id[r["message_id"]] for r in records] if TEST_CONCURRENCY > 1 else BAD_INPUTS
+    for record, (message_id, _, _, reason) in zip(records, inputs, strict=True):
         assert record["message_id"] == (message_id or None)
         assert record["classification"] == "business"
         assert record["error"]["type"] == "InvalidMessage"

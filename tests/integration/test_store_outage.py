@@ -24,7 +24,7 @@ from lab.handler import lab_handler
 from tests.faultproxy import FaultProxy
 from tests.integration.test_failure_model import Running
 from tests.pgsupport import temp_database
-from tests.support import consumer_config, publish, ready_count, wait_for
+from tests.support import consumer_config, publish, ready_count, settled_order, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -116,7 +116,7 @@ def test_postgres_session_terminated_mid_handler_is_retried(
     running.join()
     store.close()
     assert running.error is None
-    assert [(r.message_id, r.outcome) for r in reports] == [
+    assert settled_order([(r.message_id, r.outcome) for r in reports]) == [
         ("m-1", "processed"),
         ("m-2", "processed"),
     ]
