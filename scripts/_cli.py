@@ -8,6 +8,7 @@ command the README shows runs as written; without a ``.venv`` it says how to mak
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,16 +17,20 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
+DEPENDENCIES = ("pika", "tenacity", "httpx", "psycopg")
+
+
 def _use_the_venv() -> None:
+    """Re-execute with the repository's .venv Python when it exists and is not this one; else
+    run here if this Python has amqp-lab's dependencies, or exit with one line saying how."""
     if Path(sys.prefix).resolve() == (ROOT / ".venv").resolve():
         return
-    try:
-        import pika  # noqa: F401  (an interpreter with the dependencies: run as it is)
-    except ImportError:
-        if VENV_PYTHON.exists():
-            os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), *sys.argv])
+    if VENV_PYTHON.exists():
+        os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), *sys.argv])
+    missing = [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
         sys.exit(
-            "error: amqp-lab is not installed for this Python; run `bash scripts/demo.sh` or "
+            f"error: this Python lacks {', '.join(missing)}: run `bash scripts/demo.sh` or "
             "`bash scripts/test.sh` once (they create .venv), or `pip install -e .`"
         )
 

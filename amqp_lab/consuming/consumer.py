@@ -47,6 +47,7 @@ from amqp_lab.errors import (
     ConnectionLost,
     ConsumerCancelled,
     DeadLetterFailed,
+    DedupStoreError,
     ManagementError,
     QueueNotFound,
     RetryTopologyError,
@@ -96,6 +97,7 @@ class Consumer:
             max_workers=self.config.concurrency, thread_name_prefix="handler"
         )
         self._connection: Any = None
+        self._units: list[_InFlight] = []  # the current connection's units in flight
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
         self._runner = HandlerRunner(handler, store, config, StoreRetry(config.store_outage))
         self._settler = Settler(config, store, self._writer, clock, uniform)
@@ -186,15 +188,24 @@ class Consumer:
         self.state = State.CONSUMING
         self._consumed = True
         try:
-            if not self._consume(connection, channel, consuming):
-                raise ConsumerCancelled(
-                    f"the broker cancelled the consumer of queue {self.config.queue!r} in vhost "
-                    f"{self.settings.vhost!r} (deleted, or its node went away)"
-                )
-        except StaleDelivery as e:
-            raise ConnectionLost(str(e)) from e
-        except (pe.AMQPError, OSError) as e:
-            raise translate(e, self.settings) from e
+            ended_by_us = self._consume(connection, channel, consuming)
+        except BaseException as e:
+            # handlers still running on this connection finish first (their commits stand or
+            # roll back; none can be acked now): a reconnect must not queue new units behind
+            # them, and a store failure in one of them decides how this ends
+            failed = self._outlive_units()
+            if failed is not None and failed is not e:
+                raise failed from e
+            if isinstance(e, StaleDelivery):
+                raise ConnectionLost(str(e)) from e
+            if isinstance(e, pe.AMQPError | OSError):
+                raise translate(e, self.settings) from e
+            raise
+        if not ended_by_us:
+            raise ConsumerCancelled(
+                f"the broker cancelled the consumer of queue {self.config.queue!r} in vhost "
+                f"{self.settings.vhost!r} (deleted, or its node went away)"
+            )
 
     def _consume(self, connection: Any, channel: Any, consuming: Any) -> bool:
         """The delivery loop; True when it ended on its own terms (stop, idle, max-messages),
@@ -205,6 +216,7 @@ class Consumer:
         done. With one unit at a time the next one is decoded while the previous commits."""
         pending: list[tuple[Any, Any, bytes]] = []
         units: list[_InFlight] = []  # submitted, not settled yet
+        self._units = units
         last_activity = batch_started = time.monotonic()
         batch_size = self._batch_size()
         ack_interval = self.config.ack_interval
@@ -244,8 +256,11 @@ class Consumer:
             if method is None and idle is not None and now - last_activity >= idle and not units:
                 break
         else:  # cancelled by the broker: what was delivered is still ours to settle
-            if pending:
+            if pending and not self._stop.is_set():
                 self._start(connection, channel, units, pending)
+            elif pending:  # a stop was asked for: nothing more starts
+                for method, _, _ in pending:
+                    channel.basic_reject(method.delivery_tag, requeue=True)
             self._settle_all(connection, channel, units)
             return False
         self.state = State.DRAINING
@@ -265,8 +280,15 @@ class Consumer:
         """Wait for room among the ``concurrency`` units in flight (settling finished ones
         meanwhile), decode ``deliveries`` into a unit and hand it to a handler thread. A stop
         asked for while waiting starts nothing more: the deliveries go back to the queue
-        (basic.reject requeue), as everything prefetched but not started does on a drain."""
-        while len(units) >= self.config.concurrency:
+        (basic.reject requeue), as everything prefetched but not started does on a drain.
+
+        A unit holding a redelivered delivery runs alone, with no other unit in flight: if its
+        handler kills the process, the broker redelivers only it, and the redelivery count that
+        declares a message poison (``max_redeliveries``) grows for the message that killed the
+        worker, not for innocent ones that happened to run beside it."""
+        alone = any(method.redelivered for method, _, _ in deliveries)
+        room = 1 if alone else self.config.concurrency
+        while len(units) >= room:
             self._settle_done(connection, channel, units, block=True)
             if self._stop.is_set():
                 for method, _, _ in deliveries:
@@ -275,6 +297,8 @@ class Consumer:
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
         units.append((batch, self._submit(connection, batch)))
+        if alone:
+            self._settle_all(connection, channel, units)
 
     def _settle_done(
         self, connection: Any, channel: Any, units: list[_InFlight], block: bool
@@ -286,6 +310,20 @@ class Consumer:
         for unit in [u for u in units if u[1] is None or u[1].done()]:
             units.remove(unit)
             self._finish(connection, channel, unit)
+
+    def _outlive_units(self) -> BaseException | None:
+        """Wait for every unit still in a handler thread (after the loop ended abnormally) and
+        forget them; returns the first DedupStoreError one of them raised (None if none)."""
+        failed: BaseException | None = None
+        for _, future in self._units:
+            if future is None:
+                continue
+            error = future.exception()  # waits: the handler's transaction ends either way
+            if failed is None and isinstance(error, DedupStoreError):
+                failed = error
+        self._units = []
+        self._in_flight = 0
+        return failed
 
     def _settle_all(self, connection: Any, channel: Any, units: list[_InFlight]) -> None:
         while units:

@@ -164,27 +164,41 @@ class HandlerDb:
     SQLite store begins its transaction only then, so a handler's work outside the database
     does not hold the write lock; in a batch, a SAVEPOINT, so a failing handler's writes roll
     back alone). What would end the store's transaction - ``commit``, ``rollback``, ``close``,
-    ``executescript``, ``with db:`` - raises TypeError."""
+    ``executescript``, ``with db:`` - raises TypeError.
 
-    __slots__ = ("_connection", "_format", "_on_first_use", "dialect", "used")
+    ``used`` turns true only once ``on_first_use`` succeeded: a handler that catches a failed
+    BEGIN (the write lock not granted in time) and tries again begins again. With
+    ``guard_transaction`` (SQLite), a statement after the transaction ended underneath the
+    handler (SQLite rolls back by itself on a full disk or an I/O error) raises DedupStoreError
+    instead of running in autocommit mode - it would commit without the claim, and the
+    redelivery would apply it a second time."""
+
+    __slots__ = ("_connection", "_format", "_guard", "_on_first_use", "dialect", "used")
 
     def __init__(
         self,
         connection: Any,
         dialect: Dialect,
         on_first_use: Callable[[], None] | None = None,
+        guard_transaction: bool = False,
     ) -> None:
         self._connection = connection
         self.dialect = dialect
         self._format = dialect == "postgresql"
         self._on_first_use = on_first_use
+        self._guard = guard_transaction
         self.used = False
 
     def _use(self) -> Any:
         if not self.used:
-            self.used = True
             if self._on_first_use is not None:
                 self._on_first_use()
+            self.used = True
+        if self._guard and not self._connection.in_transaction:
+            raise DedupStoreError(
+                "the store's transaction ended under the handler (the database rolled it back): "
+                "nothing of this delivery is committed; it will be redelivered"
+            )
         return self._connection
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
@@ -235,7 +249,12 @@ def run_in_savepoint(
         except Exception as e:  # sqlite3.Error or psycopg.Error
             raise DedupStoreError(f"{statement} failed: {e}") from e
 
-    db = HandlerDb(connection, dialect, functools.partial(savepoint, "SAVEPOINT delivery"))
+    db = HandlerDb(
+        connection,
+        dialect,
+        functools.partial(savepoint, "SAVEPOINT delivery"),
+        guard_transaction=dialect == "sqlite",
+    )
     try:
         work(db)
         check()

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,7 @@ class SqliteDedupStore(SqlStore):
         db = self._connection()
         self._begin(db)
         try:
-            yield HandlerDb(db, "sqlite")
+            yield HandlerDb(db, "sqlite", guard_transaction=True)
         except BaseException:
             self._end(db, commit=False)
             raise
@@ -149,7 +149,7 @@ class SqliteDedupStore(SqlStore):
             if self.is_processed(message_id):
                 return False
             db = self._connection()
-            handler_db = HandlerDb(db, "sqlite", lambda: self._begin(db))
+            handler_db = HandlerDb(db, "sqlite", lambda: self._begin(db), guard_transaction=True)
             try:
                 work(handler_db)
                 if not handler_db.used:
@@ -182,6 +182,14 @@ class SqliteDedupStore(SqlStore):
         INSERT (per 500) records the new ones: a batch of 500 handlers that write nothing is
         four statements instead of 1,500 (each costs CPU and a GIL hand-off with the consumer's
         I/O thread)."""
+        with ExitStack() as alone:  # in sorted order, before BEGIN: no waiting in a cycle
+            for message_id in sorted({message_id for message_id, _ in batch}):
+                alone.enter_context(self._alone(message_id))
+            return self._process_batch(batch)
+
+    def _process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
         now = self._clock()
         results: list[bool | BaseException] = []
         db = self._connection()

@@ -28,7 +28,7 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
 from tests.pgsupport import temp_database
-from tests.support import NAMES, publish, ready_count, start_script, wait_for
+from tests.support import NAMES, get_all, publish, ready_count, start_script, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -303,4 +303,41 @@ def test_processes_sharing_one_sqlite_file_run_their_slow_handlers_at_once(
     with sqlite3.connect(path) as db:
         assert sorted(r[0] for r in db.execute("SELECT message_id FROM effects")) == [
             f"m-{i}" for i in range(4)
+        ]
+
+
+@pytest.mark.timeout(180)
+def test_a_message_that_kills_the_worker_does_not_make_its_neighbours_poison(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """--concurrency 4: a crash task kills the worker while two slow innocent tasks run beside
+    it. On every restart a redelivered delivery runs alone, so the redelivery count past
+    --max-redeliveries makes only the crash task poison; the innocent ones are processed."""
+    publish(topology, ("crash", "m-crash"))
+    publish_slow(topology, 2, seconds=1.0)  # m-0, m-1
+    path = str(tmp_path / "d.sqlite3")
+    codes: list[int] = []
+    lines: list[str] = []
+    while not codes or codes[-1] != 0:
+        assert len(codes) < 8, f"crash loop: exit codes {codes}"
+        proc = start_script(
+            topology, "worker.py", "--concurrency", "4", "--max-redeliveries", "2",
+            "--idle-exit", "1.5", "--dedup-path", path,
+        )  # fmt: skip
+        out, _ = proc.communicate(timeout=60)
+        codes.append(proc.returncode)
+        lines += [line for line in out.splitlines() if "outcome=" in line]
+    final = {line.split()[0]: line.split()[1] for line in lines}
+    assert final == {
+        "message_id=m-crash": "outcome=dead-lettered",
+        "message_id=m-0": "outcome=processed",
+        "message_id=m-1": "outcome=processed",
+    }
+    ((_, _, body),) = get_all(topology, "q:tasks:dlq")
+    assert json.loads(body)["message_id"] == "m-crash"
+    assert json.loads(body)["error"]["type"] == "PoisonMessage"
+    with sqlite3.connect(path) as db:
+        assert sorted(r[0] for r in db.execute("SELECT message_id FROM effects")) == [
+            "m-0",
+            "m-1",
         ]

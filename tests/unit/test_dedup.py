@@ -321,3 +321,45 @@ def test_batch_claims_beyond_500_take_one_insert_per_500(store: SqliteDedupStore
     assert store.process_batch([(f"m-{i}", lambda db: None) for i in range(1201)]) == [True] * 1201
     assert [s.split()[0] for s in seen].count("INSERT") == 3
     assert store.stats().processed == 1201
+
+
+# --- a transaction that could not begin, or ended under the handler -------------------------
+def test_a_handler_retrying_a_refused_begin_writes_inside_the_claim(db_path: Path) -> None:
+    """Another writer holds the lock past the busy timeout: the handler's first statement fails
+    to BEGIN; when the handler catches that and tries again, it begins again - its write never
+    commits on its own, without the claim (the redelivery would apply it twice)."""
+    store = SqliteDedupStore(db_path, busy_timeout=0.1)
+    store.run_in_transaction(lambda db: db.execute("CREATE TABLE notes (text TEXT)"))
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    errors: list[str] = []
+
+    def stubborn(db: Any) -> None:
+        for _ in range(5):
+            try:
+                db.execute("INSERT INTO notes VALUES ('once')")
+                return
+            except DedupStoreError as e:
+                errors.append(type(e).__name__)
+                if other.in_transaction:
+                    other.execute("COMMIT")  # the other writer is done: the retry can begin
+
+    assert store.process_once("m-1", stubborn) is True
+    assert errors == ["StoreUnavailable"]
+    assert store.process_once("m-1", stubborn) is False  # the redelivery
+    assert _notes(db_path) == ["once"]
+    other.close()
+    store.close()
+
+
+def test_a_statement_after_the_transaction_ended_is_refused_not_autocommitted(
+    notes_store: SqliteDedupStore, db_path: Path
+) -> None:
+    def ends_it(db: Any) -> None:
+        db.execute("INSERT INTO notes VALUES ('rolled back')")
+        db.execute("ROLLBACK")  # as SQLite does by itself on a full disk or an I/O error
+        db.execute("INSERT INTO notes VALUES ('would autocommit')")
+
+    with pytest.raises(DedupStoreError, match="transaction ended under the handler"):
+        notes_store.process_once("m-1", ends_it)
+    assert (_notes(db_path), notes_store.is_processed("m-1")) == ([], False)
