@@ -28,7 +28,15 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
 from tests.pgsupport import temp_database
-from tests.support import NAMES, get_all, publish, ready_count, start_script, wait_for
+from tests.support import (
+    NAMES,
+    consumer_count,
+    get_all,
+    publish,
+    ready_count,
+    start_script,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -283,27 +291,42 @@ def test_processes_sharing_one_sqlite_file_run_their_slow_handlers_at_once(
     topology: BrokerSettings, tmp_path: Path
 ) -> None:
     """Two worker processes, one SQLite file: a handler waiting on an external call holds no
-    write lock, so both wait at the same time (the lab's ``slow`` task sleeps before writing)."""
-    publish_slow(topology, 4, seconds=1.5)
+    write lock, so the two processes' handlers run at the same time - their recorded runs
+    overlap (with the write lock taken before the handler, they could only take turns)."""
     path = str(tmp_path / "shared.sqlite3")
-    started = time.monotonic()
     workers = [
         start_script(
-            topology, "worker.py", "--prefetch", "1", "--idle-exit", "1", "--dedup-path", path
+            topology,
+            "worker.py",
+            "--handler",
+            "tests.worker_handlers:timed_sleep",
+            "--prefetch",
+            "1",
+            "--idle-exit",
+            "1.5",
+            "--dedup-path",
+            path,
         )
         for _ in range(2)
     ]
+    wait_for(lambda: consumer_count(topology, "q:tasks") == 2, what="both workers subscribed")
+    with Publisher(topology) as publisher:
+        for i in range(4):
+            body = json.dumps({"seconds": 1.0}).encode()
+            publisher.publish(dataclasses.replace(task_message("ok", i, f"m-{i}"), body=body))
     outputs = [w.communicate(timeout=60) for w in workers]
-    elapsed = time.monotonic() - started
     assert [w.returncode for w in workers] == [0, 0], [e for _, e in outputs]
-    processed = [line for out, _ in outputs for line in out.splitlines() if "processed" in line]
-    assert len(processed) == 4
-    # one at a time: 4 x 1.5 s = 6 s of handler time; two at once: about 3 s (+ start, idle)
-    assert elapsed < 6.0 + 1.0
     with sqlite3.connect(path) as db:
-        assert sorted(r[0] for r in db.execute("SELECT message_id FROM effects")) == [
-            f"m-{i}" for i in range(4)
-        ]
+        runs = db.execute("SELECT message_id, pid, started, ended FROM handler_runs").fetchall()
+    assert sorted(r[0] for r in runs) == [f"m-{i}" for i in range(4)]  # each applied once
+    assert len({r[1] for r in runs}) == 2  # both processes took part
+    overlapping = [
+        (a[0], b[0])
+        for a in runs
+        for b in runs
+        if a[1] < b[1] and a[2] < b[3] and b[2] < a[3]  # two processes, intervals overlap
+    ]
+    assert overlapping, runs
 
 
 @pytest.mark.timeout(180)
