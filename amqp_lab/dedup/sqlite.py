@@ -22,6 +22,8 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+
 from amqp_lab.dedup.base import (
     Dialect,
     HandlerDb,
@@ -34,6 +36,13 @@ from amqp_lab.dedup.base import (
 from amqp_lab.errors import DedupStoreError, StoreUnavailable
 
 __all__ = ["SqliteDedupStore"]
+
+
+def _locked(e: BaseException) -> bool:
+    """Whether ``e`` is SQLite's "database is locked" / "busy" (another process writes)."""
+    return isinstance(e, sqlite3.OperationalError) and any(
+        word in str(e) for word in ("locked", "busy")
+    )
 
 
 class SqliteDedupStore(SqlStore):
@@ -56,11 +65,23 @@ class SqliteDedupStore(SqlStore):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = self._connection()
-            db.execute("PRAGMA journal_mode=WAL")
-            for statement in schema("sqlite"):
-                db.execute(statement)
+            # Two processes opening a new file at once: switching it to WAL (and creating the
+            # tables) answers "database is locked" at once, without waiting the busy timeout,
+            # so the setup is retried until busy_timeout has passed.
+            Retrying(
+                stop=stop_after_delay(busy_timeout),
+                wait=wait_random(0.01, 0.1),
+                retry=retry_if_exception(_locked),
+                reraise=True,
+            )(self._create_schema, db)
         except (OSError, sqlite3.Error) as e:
             raise self._error("cannot open dedup store", e) from e
+
+    @staticmethod
+    def _create_schema(db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA journal_mode=WAL")
+        for statement in schema("sqlite"):
+            db.execute(statement)
 
     @property
     def location(self) -> str:

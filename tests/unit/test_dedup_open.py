@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from contextlib import closing
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -57,3 +61,25 @@ def test_open_store_opens_sqlite_for_a_sqlite_url(tmp_path: Path) -> None:
     with closing(open_store(f"sqlite:///{tmp_path}/d.sqlite3")) as store:
         assert isinstance(store, SqliteDedupStore)
         assert (store.location, store.dialect) == (f"{tmp_path}/d.sqlite3", "sqlite")
+
+
+OPEN_AT = """
+import sys, time
+from amqp_lab.dedup import SqliteDedupStore
+while time.time() < float(sys.argv[2]):
+    pass
+SqliteDedupStore(sys.argv[1]).close()
+"""
+
+
+def test_processes_opening_a_new_file_at_the_same_moment_all_succeed(tmp_path: Path) -> None:
+    """Switching a new file to WAL answers "database is locked" at once to the loser of the
+    race, without the busy timeout: the setup is retried (two workers starting together)."""
+    for round_ in range(4):
+        path, at = tmp_path / f"race-{round_}.sqlite3", time.time() + 1.0
+        procs = [
+            subprocess.Popen([sys.executable, "-c", OPEN_AT, str(path), str(at)], stderr=PIPE)
+            for _ in range(3)
+        ]
+        errors = [p.communicate(timeout=30)[1].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], errors
