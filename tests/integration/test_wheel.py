@@ -4,6 +4,7 @@ repository (lab, scripts, topology files) is on its path."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -55,9 +56,21 @@ PUBLISH = textwrap.dedent(
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The bin/ directory of a fresh venv with the wheel (and its dependencies) installed."""
     work = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what git tracks: setuptools writes build/ and *.egg-info next to
+    # the sources, which must not land in the checkout (nor untracked files in the wheel)
+    source = work / "source"
+    tracked = (
+        subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(work / "dist"), str(ROOT)],
+         "-w", str(work / "dist"), str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
