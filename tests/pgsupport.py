@@ -22,7 +22,8 @@ ADMIN_URL = os.environ.get(
 )
 
 
-def _answers(url: str) -> bool:
+def postgres_answers(url: str) -> bool:
+    """Whether something listens where the PostgreSQL ``url`` points."""
     parts = urlsplit(url)
     try:
         socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5432), 2).close()
@@ -35,7 +36,7 @@ def _answers(url: str) -> bool:
 def temp_database() -> Iterator[str]:
     """CREATE DATABASE amqp_lab_t_<uuid>; yield its URL; DROP DATABASE ... WITH (FORCE), which
     also ends sessions that killed workers left behind."""
-    if not _answers(ADMIN_URL):
+    if not postgres_answers(ADMIN_URL):
         pytest.skip(
             f"no PostgreSQL answers at {urlsplit(ADMIN_URL).netloc} (AMQP_LAB_TEST_POSTGRES)"
         )

@@ -4,28 +4,16 @@ themselves, and whether they meet the targets, belong to the benchmark)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-from urllib.parse import urlsplit
 
 import pytest
 
 from amqp_lab.settings import BrokerSettings
-from tests.pgsupport import ADMIN_URL
+from tests.pgsupport import ADMIN_URL, postgres_answers
 from tests.support import ROOT, script_env
 
 pytestmark = [pytest.mark.integration]
-
-
-def postgres_answers(url: str) -> bool:
-    """Whether something listens where ``url`` points (the bench's PostgreSQL case needs it)."""
-    parts = urlsplit(url)
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5432), 2).close()
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.timeout(180)
