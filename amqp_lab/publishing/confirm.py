@@ -29,14 +29,13 @@ import pika.exceptions as pe
 
 from amqp_lab.errors import (
     AmqpLabError,
-    ConnectionLost,
     MessageNacked,
     MessageUnroutable,
     PublishFailed,
 )
 from amqp_lab.message import OutgoingMessage
 
-__all__ = ["RETRYABLE", "Reply", "outcome_error", "publish_and_wait", "reply_for_error"]
+__all__ = ["Reply", "outcome_error", "publish_and_wait"]
 
 
 class Reply(StrEnum):
@@ -47,10 +46,6 @@ class Reply(StrEnum):
     NACKED = "nacked"
     CLOSED = "closed"
     LOST = "lost"
-
-
-# The replies a publisher may retry with the same message_id: the broker may take it next time.
-RETRYABLE = frozenset({Reply.NACKED, Reply.LOST})
 
 
 def outcome_error(
@@ -93,9 +88,3 @@ def publish_and_wait(channel: Any, message: OutgoingMessage, properties: Any) ->
     except pe.NackError:
         return Reply.NACKED
     return Reply.ACK
-
-
-def reply_for_error(error: BaseException) -> Reply:
-    """The reply a translated publish error stands for: LOST for a lost connection, else
-    CLOSED."""
-    return Reply.LOST if isinstance(error, ConnectionLost) else Reply.CLOSED

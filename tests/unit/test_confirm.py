@@ -11,11 +11,9 @@ import pytest
 from amqp_lab.errors import MessageNacked, MessageUnroutable, PublishFailed
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.confirm import (
-    RETRYABLE,
     Reply,
     outcome_error,
     publish_and_wait,
-    reply_for_error,
 )
 
 pytestmark = pytest.mark.unit
@@ -55,10 +53,6 @@ def test_lost_and_closed_are_not_confirmed(reply: Reply, why: str) -> None:
     )
 
 
-def test_only_nacks_and_lost_connections_are_retried() -> None:
-    assert {Reply.NACKED, Reply.LOST} == RETRYABLE
-
-
 class Channel:
     def __init__(self, raises: BaseException | None) -> None:
         self.raises = raises
@@ -89,10 +83,3 @@ def test_publish_and_wait_reads_the_blocking_channel(
 def test_a_closed_channel_is_for_the_caller_to_translate() -> None:
     with pytest.raises(pe.ChannelClosedByBroker):
         publish_and_wait(Channel(pe.ChannelClosedByBroker(404, "NOT_FOUND")), MESSAGE, None)
-
-
-def test_a_translated_error_names_its_reply() -> None:
-    from amqp_lab.errors import ConnectionLost, NotFound
-
-    assert reply_for_error(ConnectionLost("gone")) is Reply.LOST
-    assert reply_for_error(NotFound("no exchange")) is Reply.CLOSED
