@@ -3,12 +3,14 @@
 1. ``EAI_AMQP_URL`` is set: that existing broker (restart tests skip: we cannot restart it).
 2. A Docker engine is reachable: testcontainers' RabbitMqContainer with our rabbitmq.conf
    mounted. Image: ``AMQP_LAB_RABBITMQ_IMAGE`` if set, else for ``AMQP_LAB_RABBITMQ_VERSION``
-   (3.10 by default, or 4.0) the official ``rabbitmq:<version>-management`` if present or
-   pullable, else the locally built ``amqp-lab/rabbitmq:bookworm`` / ``:trixie``, which is built
-   on the spot (scripts/build_test_image.sh) when it does not exist yet; if that fails too,
-   the dedicated local node (3. below), with a visible warning.
-3. Otherwise a dedicated local node from the OS's rabbitmq-server (lab.local_broker), with
-   a visible warning.
+   (4.3 by default - the version users run and CI runs the whole suite on - or 4.0, or 3.10)
+   the official ``rabbitmq:<version>-management`` if present or pullable, else the locally
+   built ``amqp-lab/rabbitmq:sid`` / ``:trixie`` / ``:bookworm`` (RabbitMQ 4.3 / 4.0 / 3.10
+   from that Debian suite), which is built on the spot (scripts/build_test_image.sh) when it
+   does not exist yet; if that fails too, the dedicated local node (3. below), with a visible
+   warning.
+3. Otherwise a dedicated local node from the OS's rabbitmq-server (lab.local_broker; 3.10 on
+   this project's machines, whatever version was asked for), with a visible warning.
 
 ``AMQP_LAB_TEST_BROKER=env|testcontainers|local`` forces one of them.
 """
@@ -36,11 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = {
     "3.10": ("rabbitmq:3.10-management", "amqp-lab/rabbitmq:bookworm", "bookworm"),
     "4.0": ("rabbitmq:4.0-management", "amqp-lab/rabbitmq:trixie", "trixie"),
+    "4.3": ("rabbitmq:4.3-management", "amqp-lab/rabbitmq:sid", "sid"),
 }
-DEFAULT_VERSION = "3.10"
+DEFAULT_VERSION = "4.3"
 
 
 def wanted_version() -> str:
+    """``AMQP_LAB_RABBITMQ_VERSION`` (default :data:`DEFAULT_VERSION`); RuntimeError for a
+    version not in :data:`VERSIONS`."""
     version = os.environ.get("AMQP_LAB_RABBITMQ_VERSION", DEFAULT_VERSION)
     if version not in VERSIONS:
         raise RuntimeError(f"AMQP_LAB_RABBITMQ_VERSION={version!r}: choose one of {list(VERSIONS)}")
@@ -75,6 +80,16 @@ class TestBroker:
 
     def admin(self) -> ManagementClient:
         return ManagementClient(self.settings())
+
+    def at_least(self, major: int, minor: int = 0) -> bool:
+        """Whether the broker runs RabbitMQ ``major.minor`` or later (``version``, read from
+        the management API's overview by :func:`wait_ready`). RuntimeError while it is unknown:
+        a test that branches on the version must not guess."""
+        try:
+            found = tuple(int(part) for part in self.version.split(".")[:2])
+        except ValueError:
+            raise RuntimeError(f"broker version unknown ({self.version!r})") from None
+        return found >= (major, minor)
 
     def describe(self) -> str:
         host, port, mgmt = self.endpoint()
