@@ -173,6 +173,15 @@ def main(
         help="seconds the dedup store may stay unreachable (deliveries retried) before exit 1",
     )
     parser.add_argument(
+        "--handler-warn-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="log a warning (message_id, queue, seconds so far) once for each handler still "
+        "running after SECONDS; the handler is not stopped and its delivery stays unacked "
+        "(RabbitMQ 4.3 classic queues have no consumer_timeout)",
+    )
+    parser.add_argument(
         "--no-verify-topology",
         action="store_true",
         help="do not check (management API) that wait queues and DLX can bring messages back",
@@ -213,6 +222,8 @@ def main(
         retry = RetryPolicy("backoff", args.max_attempts, args.base, args.cap)
     else:
         retry = RetryPolicy()
+    if args.handler_warn_after is not None and not args.handler_warn_after > 0:
+        parser.error("--handler-warn-after must be > 0 seconds")
     if args.purge_interval <= 0:
         parser.error("--purge-interval must be > 0 seconds")
     if args.dedup_url and args.dedup_path:
@@ -237,6 +248,7 @@ def main(
         store_outage=args.store_outage,
         verify_topology=not args.no_verify_topology,
         concurrency=args.concurrency,
+        handler_warn_after=args.handler_warn_after,
     )
 
     def report(r: DeliveryReport) -> None:

@@ -49,7 +49,16 @@ class ConsumerConfig:
       nothing acked) before the consumer stops;
     * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
     * ``verify_topology``: check the effective policies retries depend on at every connection
-      (management API; backoff and reject modes).
+      (management API; backoff and reject modes);
+    * ``handler_warn_after``: seconds a handler may run before the consumer logs a warning
+      naming the message_id, the queue and the seconds so far, once per delivery (None: never).
+      It does not stop the handler (a Python thread cannot be killed): the delivery stays
+      unacked until the handler returns. RabbitMQ 4.3 classic queues enforce no
+      consumer_timeout any more, so this warning is all that tells of a stuck handler there; on
+      a quorum queue with a consumer timeout the broker cancels the consumer past it and
+      requeues the message, which another worker may then run in parallel (the dedup store
+      keeps one effect). Only SIGKILL stops a stuck handler; its message is then redelivered.
+      docs/rabbitmq-versions.md.
     """
 
     names: Names
@@ -69,6 +78,7 @@ class ConsumerConfig:
     dead_letter_attempts: int = 3
     verify_topology: bool = True
     concurrency: int = 1
+    handler_warn_after: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.ack_batch <= self.prefetch:
@@ -88,6 +98,10 @@ class ConsumerConfig:
             raise ConfigurationError(
                 "max_redeliveries, reconnect_attempts, dead_letter_attempts and concurrency "
                 "must be >= 1"
+            )
+        if self.handler_warn_after is not None and not self.handler_warn_after > 0:
+            raise ConfigurationError(
+                f"handler_warn_after must be > 0 seconds (or None), not {self.handler_warn_after}"
             )
         if self.concurrency * self.ack_batch > self.prefetch:
             raise ConfigurationError(

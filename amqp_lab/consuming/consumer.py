@@ -37,6 +37,7 @@ from amqp_lab.connection import close_quietly, connect, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
 from amqp_lab.consuming.settling import Settler
@@ -98,8 +99,14 @@ class Consumer:
         )
         self._connection: Any = None
         self._units: list[_InFlight] = []  # the current connection's units in flight
+        self._cancelled_by_broker = False  # basic.cancel read on the current channel
+        self._queue_after_cancel: bool | None = None  # did the queue outlive that cancel?
+        self._channel_closed: BaseException | None = None  # why the broker closed it
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
-        self._runner = HandlerRunner(handler, store, config, StoreRetry(config.store_outage))
+        self.watch = HandlerWatch(config.handler_warn_after, config.queue)
+        self._runner = HandlerRunner(
+            handler, store, config, StoreRetry(config.store_outage), self.watch
+        )
         self._settler = Settler(config, store, self._writer, clock, uniform)
 
     @property
@@ -172,6 +179,10 @@ class Consumer:
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
+            self._cancelled_by_broker, self._queue_after_cancel = False, None
+            self._channel_closed = None
+            _on_broker_cancel(channel, self._note_broker_cancel)
+            _on_channel_closed(channel, self._note_channel_closed)
             self._writer.open(connection)
             if not self._await_queue(connection):
                 return  # a stop was asked for while waiting: nothing was in flight
@@ -197,15 +208,29 @@ class Consumer:
             if failed is not None and failed is not e:
                 raise failed from e
             if isinstance(e, StaleDelivery):
-                raise ConnectionLost(str(e)) from e
+                why = self._channel_closed
+                raise ConnectionLost(
+                    f"{e} (the broker closed the channel: {why})" if why is not None else str(e)
+                ) from e
             if isinstance(e, pe.AMQPError | OSError):
                 raise translate(e, self.settings) from e
             raise
         if not ended_by_us:
             raise ConsumerCancelled(
                 f"the broker cancelled the consumer of queue {self.config.queue!r} in vhost "
-                f"{self.settings.vhost!r} (deleted, or its node went away)"
+                f"{self.settings.vhost!r} (a consumer timeout on a quorum queue, RabbitMQ 4.3+; "
+                "the queue deleted; or its node gone)"
             )
+
+    def _note_channel_closed(self, reason: BaseException) -> None:
+        """I/O thread: the consuming channel closed; kept when the broker closed it (e.g. 406
+        PRECONDITION_FAILED, a consumer timeout up to RabbitMQ 4.2), for the reconnect line."""
+        if isinstance(reason, pe.ChannelClosedByBroker):
+            self._channel_closed = reason
+
+    def _note_broker_cancel(self) -> None:
+        """I/O thread, the moment the broker's basic.cancel is read: nothing more starts."""
+        self._cancelled_by_broker = True
 
     def _consume(self, connection: Any, channel: Any, consuming: Any) -> bool:
         """The delivery loop; True when it ended on its own terms (stop, idle, max-messages),
@@ -222,6 +247,7 @@ class Consumer:
         ack_interval = self.config.ack_interval
         for method, properties, body in consuming:
             now = time.monotonic()
+            self.watch.check()
             if method is not None:
                 if not pending:
                     batch_started = now
@@ -285,7 +311,25 @@ class Consumer:
         A unit holding a redelivered delivery runs alone, with no other unit in flight: if its
         handler kills the process, the broker redelivers only it, and the redelivery count that
         declares a message poison (``max_redeliveries``) grows for the message that killed the
-        worker, not for innocent ones that happened to run beside it."""
+        worker, not for innocent ones that happened to run beside it.
+
+        Deliveries that reach this point after the broker cancelled the consumer (basic.cancel:
+        pika hands over every delivery that arrived before the cancel first) do not start
+        either while the queue still exists: then the cancel was a quorum queue's consumer
+        timeout (RabbitMQ 4.3+), which has returned them to the queue already (a late
+        settlement of theirs is ignored), so running them would only run them twice; they are
+        rejected (requeue) and come back on the next subscription. When the queue is gone
+        (deleted, its node down) they run: they may be the only copies left."""
+        if self._cancelled_by_broker and self._queue_outlived_cancel(connection):
+            for method, _, _ in deliveries:
+                channel.basic_reject(method.delivery_tag, requeue=True)
+            log.warning(
+                "the broker cancelled the consumer of %r: %d delivery(ies) received before the "
+                "cancel go back to the queue without running",
+                self.config.queue,
+                len(deliveries),
+            )
+            return
         alone = any(method.redelivered for method, _, _ in deliveries)
         room = 1 if alone else self.config.concurrency
         while len(units) >= room:
@@ -362,6 +406,24 @@ class Consumer:
                 continue
             channel.close()
             return True
+
+    def _queue_outlived_cancel(self, connection: Any) -> bool:
+        """Whether the queue still exists after the broker's cancel: queue.declare(passive) on a
+        channel of its own, asked once per cancel; False on 404 (deleted, or its node down)."""
+        if self._queue_after_cancel is None:
+            self._queue_after_cancel = self._queue_exists(connection)
+        return self._queue_after_cancel
+
+    def _queue_exists(self, connection: Any) -> bool:
+        probe = connection.channel()
+        try:
+            probe.queue_declare(self.config.queue, passive=True)
+        except pe.ChannelClosedByBroker as e:
+            if e.reply_code != 404:
+                raise
+            return False
+        probe.close()
+        return True
 
     def _verify_topology(self) -> None:
         """Refuse to consume when the live policies cannot bring a retry back (every
@@ -444,6 +506,7 @@ class Consumer:
             return  # a unit with no store work is done already
         pump_error: BaseException | None = None
         while not any(f.done() for f in futures):
+            self.watch.check()
             try:
                 connection.process_data_events(time_limit=0.1)
             except Exception as e:
@@ -453,3 +516,22 @@ class Consumer:
             for future in futures:
                 future.exception()  # the handlers' work is committed (or rolled back) by now
             raise StaleDelivery(f"connection lost while the handler ran: {pump_error}")
+
+
+def _on_broker_cancel(channel: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback`` on the I/O thread as soon as the broker's basic.cancel for a consumer of
+    ``channel`` (a pika BlockingChannel) is read. pika's consume generator only ends after
+    yielding every delivery that arrived before the cancel, and BlockingChannel's own
+    ``add_on_cancel_callback`` is not called for a generator's consumer; the underlying
+    channel's is (pika 1.x: ``Channel.add_on_cancel_callback``, for the broker's cancel only)."""
+    impl = getattr(channel, "_impl", None)
+    if impl is not None:
+        impl.add_on_cancel_callback(lambda _frame: callback())
+
+
+def _on_channel_closed(channel: Any, callback: Callable[[BaseException], None]) -> None:
+    """Call ``callback(reason)`` on the I/O thread when ``channel`` (a pika BlockingChannel)
+    closes - BlockingChannel has no close callback of its own; its underlying channel has."""
+    impl = getattr(channel, "_impl", None)
+    if impl is not None:
+        impl.add_on_close_callback(lambda _channel, reason: callback(reason))

@@ -7,9 +7,12 @@ committed before the consumer's I/O thread settles anything (pure of pika: no ch
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.delivery import Delivery
+from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import DedupStoreError, PoisonMessage
@@ -20,20 +23,33 @@ __all__ = ["HandlerRunner"]
 
 class HandlerRunner:
     """Runs units of deliveries on handler threads (thread-safe: the stores keep a connection
-    per thread). ``store_retry`` retries the store's outages (StoreUnavailable) with backoff."""
+    per thread). ``store_retry`` retries the store's outages (StoreUnavailable) with backoff;
+    ``watch`` is told when each handler call starts and ends (``handler_warn_after``)."""
 
     def __init__(
-        self, handler: Handler, store: DedupStore, config: ConsumerConfig, store_retry: StoreRetry
+        self,
+        handler: Handler,
+        store: DedupStore,
+        config: ConsumerConfig,
+        store_retry: StoreRetry,
+        watch: HandlerWatch | None = None,
     ) -> None:
         self.handler = handler
         self.store = store
         self.config = config
         self._store = store_retry
+        self.watch = watch or HandlerWatch(None, config.queue)
 
     def process(self, batch: list[Delivery]) -> None:
         """Handler thread: every store call and handler run of a batch, committed before any
         ack. A redelivered delivery runs alone, after its redelivery is counted and committed:
         a handler that kills the process is counted against its own message only."""
+        try:
+            self._process(batch)
+        finally:
+            self.watch.forget([id(d) for d in batch])
+
+    def _process(self, batch: list[Delivery]) -> None:
         limit = self.config.max_redeliveries
         fresh: list[Delivery] = []
         for d in batch:
@@ -74,7 +90,7 @@ class HandlerRunner:
         process_batch = getattr(self.store, "process_batch", None)
         if batched and process_batch is not None:
             pairs = [
-                (d.task.message_id, functools.partial(self.handler, d.task))
+                (d.task.message_id, self._timed(d, functools.partial(self.handler, d.task)))
                 for d in work
                 if d.task is not None
             ]
@@ -87,7 +103,7 @@ class HandlerRunner:
             return
         for d in work:
             assert d.task is not None and d.message_id is not None
-            work_fn = functools.partial(self.handler, d.task)
+            work_fn = self._timed(d, functools.partial(self.handler, d.task))
             try:
                 d.duplicate = not self._store.call(
                     functools.partial(self.store.process_once, d.message_id, work_fn)
@@ -96,3 +112,17 @@ class HandlerRunner:
                 raise  # the store failed, not the handler: stop, nothing is acked
             except BaseException as e:  # the handler's error decides the settlement; even a
                 d.error = e  # sys.exit() in a handler is its failure, never the worker's success
+
+    def _timed(self, d: Delivery, work: Callable[[Any], None]) -> Callable[[Any], None]:
+        """``work`` (the handler for ``d``, given the store's db) with the watch told when it
+        starts and ends."""
+        key, message_id = id(d), d.message_id or "?"
+
+        def run(db: Any) -> None:
+            self.watch.started(key, message_id)
+            try:
+                work(db)
+            finally:
+                self.watch.finished(key)
+
+        return run

@@ -261,50 +261,6 @@ def test_sigkill_of_the_broker_keeps_confirmed_persistent_messages(
     assert ids == [f"k-{i}" for i in range(200)]
 
 
-@pytest.mark.timeout(120)
-def test_consumer_timeout_closes_the_channel_and_consumer_resubscribes(
-    broker: TestBroker, topology: BrokerSettings, tmp_path: Path
-) -> None:
-    """Scenario S10 (rabbitmq-server #3032, celery #6760): a handler outlives consumer_timeout;
-    the broker closes the channel, the consumer subscribes again, the message is redelivered once
-    and processed once (dedup)."""
-    if broker.ctl_fn is None:
-        pytest.skip("the broker came from EAI_AMQP_URL: the tests cannot change consumer_timeout")
-    # new channels read these: a 2 s timeout, checked every 500 ms (RabbitMQ's own tests do so)
-    broker.ctl("eval", "application:set_env(rabbit, consumer_timeout, 2000).")
-    broker.ctl("eval", "application:set_env(rabbit, channel_tick_interval, 500).")
-    try:
-        with Publisher(topology) as publisher:
-            publisher.publish(task_message("ok", 1, "m-s10"))
-        calls: list[str] = []
-
-        def slow_once(task: Task, db: Any) -> None:
-            calls.append(task.message_id)
-            if len(calls) == 1:
-                threading.Event().wait(6)
-            record_effect(task, db)
-
-        reports: list[DeliveryReport] = []
-        consumer = Consumer(
-            topology,
-            slow_once,
-            SqliteDedupStore(tmp_path / "d.sqlite3"),
-            consumer_config(prefetch=1, idle_exit=1.5),
-            on_report=reports.append,
-        )
-        consumer.run()
-    finally:
-        broker.ctl("eval", "application:set_env(rabbit, consumer_timeout, 1800000).")
-        broker.ctl("eval", "application:set_env(rabbit, channel_tick_interval, 60000).")
-    assert calls == ["m-s10"]  # the redelivery was recognised as done, not run again
-    assert [(r.message_id, r.outcome, r.redelivered) for r in reports] == [
-        ("m-s10", "duplicate", True)
-    ]
-    assert consumer.connections_opened == 2
-    assert effects(tmp_path / "d.sqlite3") == ["m-s10"]
-    assert ready_count(topology, "q:tasks") == 0
-
-
 def test_every_delivery_is_settled_exactly_once(
     topology: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
