@@ -30,7 +30,7 @@ from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.message import Task, encode_json
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology import Topology, apply_topology, load_topology
+from amqp_lab.topology import Topology, apply_topology, load_topology, with_queue_type
 from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import TEST_CONCURRENCY, consumer_config, ready_count, run_script
@@ -42,29 +42,24 @@ SLOW = 6.0  # seconds: three times the timeout
 
 
 def quorum_topology(consumer_timeout: str | None = None) -> Topology:
-    """The lab topology with q:tasks a quorum queue (``x-queue-type`` can only be a declare
-    argument). Its policy loses ``queue-mode``: a policy with a key quorum queues do not support
-    does not apply to them at all, DLX included (checked on 4.0.5 and 4.3.6). With
-    ``consumer_timeout`` "argument" or "policy", q:tasks gets a 2 s consumer timeout that way."""
-    base = load_topology()
-    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
-    if consumer_timeout == "argument":
-        arguments["x-consumer-timeout"] = TIMEOUT_MS
+    """The lab topology's quorum variant (``with_queue_type``). With ``consumer_timeout``
+    "argument" or "policy", q:tasks gets a 2 s consumer timeout that way: the
+    ``x-consumer-timeout`` declare argument, or the ``consumer-timeout`` key in its one policy."""
+    base = with_queue_type(load_topology(), "quorum")
+    work = base.names.queue
     queues = tuple(
-        dataclasses.replace(q, arguments=tuple(sorted(arguments.items())))
-        if q.name == base.names.queue
+        dataclasses.replace(q, arguments=(*q.arguments, ("x-consumer-timeout", TIMEOUT_MS)))
+        if q.name == work and consumer_timeout == "argument"
         else q
         for q in base.queues
     )
-    policies = []
-    for p in base.policies:
-        if p.pattern == f"^{base.names.queue}$":
-            definition = {k: v for k, v in p.definition if k != "queue-mode"}
-            if consumer_timeout == "policy":
-                definition["consumer-timeout"] = TIMEOUT_MS
-            p = dataclasses.replace(p, definition=tuple(sorted(definition.items())))
-        policies.append(p)
-    return dataclasses.replace(base, queues=queues, policies=tuple(policies))
+    policies = tuple(
+        dataclasses.replace(p, definition=(*p.definition, ("consumer-timeout", TIMEOUT_MS)))
+        if p is base.policy_for(work) and consumer_timeout == "policy"
+        else p
+        for p in base.policies
+    )
+    return dataclasses.replace(base, queues=queues, policies=policies)
 
 
 @pytest.fixture
