@@ -6,6 +6,7 @@ see only :mod:`amqp_lab.errors`.
 
 from __future__ import annotations
 
+import random
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from amqp_lab.settings import BrokerSettings, mask_secrets
 
 __all__ = [
     "TLS_QUERY_KEYS",
+    "address_order",
     "channel_error",
     "close_quietly",
     "connect",
@@ -45,7 +47,8 @@ TLS_QUERY_KEYS = ("cacertfile", "certfile", "keyfile", "server_name_indication",
 
 
 def connection_parameters(settings: BrokerSettings) -> pika.URLParameters:
-    """pika parameters for ``settings``: heartbeat and blocked_connection_timeout in seconds,
+    """pika parameters for ``settings`` (its first URL: see :meth:`BrokerSettings.addresses`
+    for the others): heartbeat and blocked_connection_timeout in seconds,
     one connection attempt (retries belong to tenacity in the caller).
 
     amqps:// verifies the server certificate and host name, against the system trust store or
@@ -77,18 +80,30 @@ def connection_parameters(settings: BrokerSettings) -> pika.URLParameters:
     return params
 
 
-def connect(settings: BrokerSettings) -> pika.BlockingConnection:
-    """Open a blocking AMQP connection (connection.start/tune/open on the URL's vhost).
+def address_order(count: int, start: int | None = None) -> list[int]:
+    """The order in which the nodes of an address list are tried (pure): each once, from
+    ``start`` (random when None) and then in turn, so clients spread over a cluster's nodes
+    and a dead node is only one failed attempt
+    (https://www.rabbitmq.com/docs/clustering#clients)."""
+    first = random.randrange(count) if start is None else start % count
+    return [(first + i) % count for i in range(count)]
 
-    Raises BrokerUnavailable (nothing listening, DNS, TLS), AuthenticationFailed (bad
-    credentials), VhostAccessDenied (unknown vhost or no permission).
+
+def connect(settings: BrokerSettings) -> pika.BlockingConnection:
+    """Open a blocking AMQP connection (connection.start/tune/open on the URL's vhost). With
+    several URLs (a cluster's nodes), each is tried once, in :func:`address_order`, and the
+    first that opens is returned.
+
+    Raises BrokerUnavailable (nothing listening on any node, DNS, TLS), AuthenticationFailed
+    (bad credentials), VhostAccessDenied (unknown vhost or no permission).
     """
+    addresses = settings.addresses()
     try:
-        params = connection_parameters(settings)
+        params = [connection_parameters(addresses[i]) for i in address_order(len(addresses))]
     except (OSError, ValueError) as e:  # an unreadable CA / key file, a bad query value
         raise ConfigurationError(f"TLS or URL settings of {settings.masked_url}: {e}") from e
     try:
-        return pika.BlockingConnection(params)
+        return pika.BlockingConnection(params if len(params) > 1 else params[0])
     except Exception as e:
         raise translate(e, settings) from e
 

@@ -37,19 +37,33 @@ def _q(name: str) -> str:
 
 
 class ManagementClient:
-    """Management API client for one broker. ``timeout`` is in seconds. Use as a context manager
-    or call :meth:`close`."""
+    """Management API client for one broker, or for a cluster through any of its nodes.
+    ``timeout`` is in seconds. Use as a context manager or call :meth:`close`.
+
+    With several management bases (``settings.management_bases``: a cluster), a request that
+    gets no answer from the current node (connection refused, timeout) is sent to the next one,
+    and the client stays on the node that answered. An HTTP error status is the broker's answer
+    and is never retried elsewhere."""
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
         self.settings = settings
-        self.base = settings.management_base
+        self._bases = settings.management_bases
+        self._current = 0
         self._password = settings.management_credentials[1]
-        self._http = httpx.Client(
-            base_url=self.base + "/api",
-            auth=settings.management_credentials,
-            timeout=timeout,
-            headers={"content-type": "application/json"},
-        )
+        self._clients = [
+            httpx.Client(
+                base_url=base + "/api",
+                auth=settings.management_credentials,
+                timeout=timeout,
+                headers={"content-type": "application/json"},
+            )
+            for base in self._bases
+        ]
+
+    @property
+    def base(self) -> str:
+        """The management API base in use (the node that answered last)."""
+        return self._bases[self._current]
 
     def __enter__(self) -> ManagementClient:
         return self
@@ -58,21 +72,36 @@ class ManagementClient:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        for client in self._clients:
+            client.close()
 
     # --- plumbing --------------------------------------------------------------------------------
+    def _send(self, method: str, path: str, json: Any) -> httpx.Response:
+        """The request on the current node, else on each other node in turn. Raises
+        ManagementError when none answers."""
+        errors: list[str] = []
+        for step in range(len(self._clients)):
+            index = (self._current + step) % len(self._clients)
+            try:
+                response = self._clients[index].request(method, path, json=json)
+            except httpx.TransportError as e:
+                errors.append(f"{self._bases[index]} ({type(e).__name__}: {e})")
+                continue
+            except httpx.HTTPError as e:
+                errors.append(f"{self._bases[index]} ({type(e).__name__}: {e})")
+                break
+            self._current = index
+            return response
+        raise ManagementError(
+            mask_secrets(
+                f"management API unreachable at {'; '.join(errors)}; is the "
+                "rabbitmq_management plugin enabled? set EAI_MGMT_URL if it is not on port 15672",
+                self._password,
+            )
+        )
+
     def _request(self, method: str, path: str, json: Any = None, ok404: bool = False) -> Any:
-        try:
-            response = self._http.request(method, path, json=json)
-        except httpx.HTTPError as e:
-            raise ManagementError(
-                mask_secrets(
-                    f"management API unreachable at {self.base} ({type(e).__name__}: {e}); "
-                    "is the rabbitmq_management plugin enabled? set EAI_MGMT_URL if it is "
-                    "not on port 15672",
-                    self._password,
-                )
-            ) from e
+        response = self._send(method, path, json)
         if response.status_code == 404 and ok404:
             return None
         if response.status_code == 401:
@@ -232,8 +261,10 @@ class ManagementClient:
 
     def close_connection(self, name: str, reason: str = "closed by amqp-lab") -> None:
         """DELETE /api/connections/{name}: the broker force-closes it (320 CONNECTION_FORCED)."""
-        self._http.headers["X-Reason"] = reason
+        for client in self._clients:
+            client.headers["X-Reason"] = reason
         try:
             self._request("DELETE", f"/connections/{_q(name)}", ok404=True)
         finally:
-            del self._http.headers["X-Reason"]
+            for client in self._clients:
+                del client.headers["X-Reason"]

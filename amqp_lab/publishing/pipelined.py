@@ -50,7 +50,7 @@ import pika
 import pika.exceptions as pe
 from pika.adapters.select_connection import IOLoop
 
-from amqp_lab.connection import channel_error, connection_parameters, translate
+from amqp_lab.connection import address_order, channel_error, connection_parameters, translate
 from amqp_lab.errors import (
     AmqpLabError,
     AuthenticationFailed,
@@ -268,11 +268,16 @@ class PipelinedPublisher:
     # --- I/O thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         failures = 0
+        addresses = self.settings.addresses()
+        order = address_order(len(addresses))
+        attempt = 0
         while not self._closing:
             self._channel_was_open = False
+            address = addresses[order[attempt % len(order)]]  # the next node on each reconnect
+            attempt += 1
             try:
                 self._connection = pika.SelectConnection(
-                    connection_parameters(self.settings),
+                    connection_parameters(address),
                     on_open_callback=self._on_connection_open,
                     on_open_error_callback=self._on_open_error,
                     on_close_callback=self._on_connection_closed,

@@ -1,0 +1,173 @@
+"""Several broker addresses (a cluster's nodes): the comma-separated URL list, its masking,
+the order nodes are tried in, and the management client moving on from a dead node."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from amqp_lab.connection import address_order
+from amqp_lab.errors import ConfigurationError, ManagementError
+from amqp_lab.management import ManagementClient
+from amqp_lab.settings import BrokerSettings, mask_url
+
+pytestmark = pytest.mark.unit
+
+LIST = (
+    "amqp://app:s3cret@rmq1:5701/prod,amqp://app:s3cret@rmq2:5702/prod, amqp://app:s3cret@rmq3/prod"
+)
+
+
+def test_a_list_gives_every_node_and_the_first_as_host_and_port() -> None:
+    settings = BrokerSettings(LIST)
+    assert settings.amqp_urls == (
+        "amqp://app:s3cret@rmq1:5701/prod",
+        "amqp://app:s3cret@rmq2:5702/prod",
+        "amqp://app:s3cret@rmq3/prod",
+    )
+    assert (settings.host, settings.port, settings.vhost) == ("rmq1", 5701, "prod")
+    assert [(a.host, a.port) for a in settings.addresses()] == [
+        ("rmq1", 5701),
+        ("rmq2", 5702),
+        ("rmq3", 5672),
+    ]
+
+
+def test_a_single_url_is_a_list_of_one() -> None:
+    settings = BrokerSettings("amqp://app:pw@rabbit:5672/%2F")
+    assert settings.amqp_urls == ("amqp://app:pw@rabbit:5672/%2F",)
+    assert settings.addresses() == (settings,)
+
+
+def test_a_comma_inside_a_password_does_not_split_the_url() -> None:
+    settings = BrokerSettings("amqp://app:pa,ss@rmq1/v,amqp://app:pa,ss@rmq2/v")
+    assert [a.host for a in settings.addresses()] == ["rmq1", "rmq2"]
+    assert settings.password == "pa,ss"
+    assert "pa,ss" not in settings.masked_url
+
+
+def test_the_list_is_masked_url_by_url() -> None:
+    masked = BrokerSettings(LIST).masked_url
+    assert "s3cret" not in masked
+    assert masked == (
+        "amqp://app:***@rmq1:5701/prod, amqp://app:***@rmq2:5702/prod, amqp://app:***@rmq3/prod"
+    )
+    assert mask_url("at amqp://a:x@h1/v,amqp://a:y@h2/v: refused") == (
+        "at amqp://a:***@h1/v,amqp://a:***@h2/v: refused"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("amqp://app:pw@rmq1/prod,amqp://app:pw@rmq2/test", id="other-vhost"),
+        pytest.param("amqp://app:pw@rmq1/prod,amqp://other:pw@rmq2/prod", id="other-user"),
+        pytest.param("amqp://app:pw@rmq1/prod,amqp://app:s3cret@rmq2/prod", id="other-password"),
+    ],
+)
+def test_nodes_of_one_list_share_vhost_and_credentials(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="same") as raised:
+        BrokerSettings(url)
+    assert "s3cret" not in str(raised.value)
+
+
+def test_a_bad_url_in_the_list_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="rmq2"):
+        BrokerSettings("amqp://app:pw@rmq1/v,amqp://app:pw@rmq2:notaport/v")
+
+
+def test_management_bases_derive_from_each_node_or_follow_the_list() -> None:
+    assert BrokerSettings(LIST).management_bases == (
+        "http://rmq1:15672",
+        "http://rmq2:15672",
+        "http://rmq3:15672",
+    )
+    given = BrokerSettings(LIST, "http://u:p@127.0.0.1:15701,http://127.0.0.1:15702")
+    assert given.management_bases == ("http://127.0.0.1:15701", "http://127.0.0.1:15702")
+    assert given.management_credentials == ("u", "p")
+    assert [a.management_base for a in given.addresses()] == [
+        "http://127.0.0.1:15701",
+        "http://127.0.0.1:15702",
+        "http://rmq3:15672",
+    ]
+
+
+def test_with_vhost_moves_every_node() -> None:
+    moved = BrokerSettings(LIST).with_vhost("a/b")
+    assert [a.vhost for a in moved.addresses()] == ["a/b"] * 3
+    assert moved.amqp_urls[1] == "amqp://app:s3cret@rmq2:5702/a%2Fb"
+
+
+@pytest.mark.parametrize("start", [0, 1, 2, 5])
+def test_address_order_tries_each_node_once_from_the_start(start: int) -> None:
+    order = address_order(3, start)
+    assert sorted(order) == [0, 1, 2]
+    assert order[0] == start % 3
+    assert order == [(start + i) % 3 for i in range(3)]
+
+
+def test_address_order_starts_at_random_nodes() -> None:
+    firsts = {address_order(3)[0] for _ in range(200)}
+    assert firsts == {0, 1, 2}
+
+
+# --- the management client on a list ---------------------------------------------------------
+class _Overview(BaseHTTPRequestHandler):
+    calls = 0
+
+    def do_GET(self) -> None:
+        type(self).calls += 1
+        body = json.dumps({"rabbitmq_version": "4.3.6", "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def live_base() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Overview)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _dead_base() -> str:
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.timeout(30)
+def test_management_client_moves_on_from_a_dead_node_and_stays(live_base: str) -> None:
+    dead = _dead_base()
+    settings = BrokerSettings("amqp://u:pw@a/v,amqp://u:pw@b/v", f"{dead},{live_base}")
+    with ManagementClient(settings, timeout=5) as api:
+        assert api.overview()["rabbitmq_version"] == "4.3.6"
+        assert api.base == live_base
+        before = _Overview.calls
+        api.overview()
+        assert _Overview.calls == before + 1
+        assert api.base == live_base
+
+
+@pytest.mark.timeout(30)
+def test_management_client_names_every_dead_node() -> None:
+    first, second = _dead_base(), _dead_base()
+    settings = BrokerSettings("amqp://u:s3cret@a/v", f"http://u:s3cret@{first[7:]},{second}")
+    with ManagementClient(settings, timeout=5) as api, pytest.raises(ManagementError) as raised:
+        api.overview()
+    assert first in str(raised.value) and second in str(raised.value)
+    assert "s3cret" not in str(raised.value)
