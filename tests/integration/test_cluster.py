@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.connection import open_channel
+from amqp_lab.connection import close_quietly, connect, open_channel
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
@@ -186,3 +186,22 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     )
     cluster.kill(leader)
     assert consumed_ids(cluster.node_settings(follower, cvhost)) == Counter(before + during)
+
+
+def test_the_address_list_connects_publishes_and_consumes_while_node_1_is_dead(
+    cluster: Cluster, cvhost: str
+) -> None:
+    cluster.kill(1)
+    settings = cluster.settings(cvhost)  # all three nodes, node 1 first
+    assert settings.amqp_urls[0] == cluster.nodes[0].amqp_url(cvhost)
+    for _ in range(12):  # random start: node 1 comes first in almost every run of 12
+        connection = connect(settings)
+        try:
+            assert connection.is_open
+        finally:
+            close_quietly(connection)
+    declare_quorum_queue(settings)
+    ids = [f"l-{i}" for i in range(100)]
+    publish_confirmed(settings, ids)
+    assert consumed_ids(settings) == Counter(ids)
+    assert cluster.management(lambda api: api.queue(cvhost, QUEUE))["type"] == "quorum"
