@@ -138,14 +138,16 @@ class Cluster:
         return [dict(m) for m in members]
 
     # --- management API ------------------------------------------------------------------------
-    def members_seen(self, node: NodeRef) -> tuple[str, ...]:
-        """The running members the node's own management API lists (GET /api/nodes), sorted;
-        () when that node's management API does not answer."""
+    def members_seen(self, node: NodeRef, running: bool = True) -> tuple[str, ...]:
+        """The members the node's own management API lists (GET /api/nodes), sorted: only
+        those it sees running, or with ``running=False`` every member, down ones too; () when
+        that node's management API does not answer."""
         try:
             with ManagementClient(self.node_settings(node), timeout=3) as api:
-                return tuple(sorted(n["name"] for n in api.nodes() if n.get("running")))
+                listed = api.nodes()
         except ManagementError:
             return ()
+        return tuple(sorted(n["name"] for n in listed if n.get("running") or not running))
 
     def management(self, call: Callable[[ManagementClient], Any]) -> Any:
         """``call(client)`` with a ManagementClient over every node's management API (it moves
@@ -193,7 +195,7 @@ class Cluster:
             _poll(partial(self.members_seen, node), deadline, f"{node.nodename} boots")
         first = self.nodes[0]
         for node in self.nodes[1:]:
-            if first.nodename not in self.members_seen(node):
+            if first.nodename not in self.members_seen(node, running=False):
                 self.ctl(node, "stop_app")
                 self.ctl(node, "join_cluster", first.nodename)
                 self.ctl(node, "start_app")
@@ -207,17 +209,20 @@ class Cluster:
         self.containers.kill(n)
         _poll(lambda: self.state(n) != "running", time.monotonic() + timeout, f"{n.container} dies")
 
-    def restart(self, node: NodeRef, timeout: float = 180) -> None:
+    def restart(self, node: NodeRef, timeout: float = 180) -> bool:
         """Start a killed or stopped node's container again (same data) and wait until every
-        running node, itself included, lists it as a running member. A running node is left
-        as it is."""
+        running node, itself included, lists it as a running member. Returns False when it
+        was running already (nothing done, no wait)."""
         n = self.node(node)
+        if self.state(n) == "running":
+            return False
         self.containers.start(n)
 
         def rejoined() -> bool:
             return all(n.nodename in self.members_seen(m) for m in self.running_nodes())
 
         _poll(rejoined, time.monotonic() + timeout, f"{n.nodename} is back in the cluster")
+        return True
 
     def stop(self) -> None:
         """Remove the containers (with their volumes) and the network. Nothing there is fine."""

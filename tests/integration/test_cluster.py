@@ -132,7 +132,7 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
 
     assert consumed_ids(cluster.node_settings(survivor, cvhost)) == Counter(ids)
 
-    cluster.restart(leader)
+    assert cluster.restart(leader)
     wait_all_online(cluster, cvhost)
 
 
@@ -155,7 +155,7 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     assert down[steady.nodename]["Commit Index"] == committed
 
     restarted_at = time.monotonic()
-    cluster.restart(follower)
+    assert cluster.restart(follower)
     rejoined = time.monotonic() - restarted_at
     wait_all_online(cluster, cvhost)
 
