@@ -15,69 +15,33 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from amqp_lab.errors import AmqpLabError, ManagementError
+from amqp_lab.errors import ManagementError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
+from lab.cluster_nodes import ClusterError, ClusterNode, NodeContainers, NodeStatus
+
+__all__ = ["DEFAULT_IMAGE", "DEFAULT_NAME", "Cluster", "ClusterError", "ClusterNode", "NodeStatus"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = "amqp-lab/rabbitmq:sid"
 DEFAULT_NAME = "amqp-lab-cluster"
-LABEL = "amqp-lab.cluster"
 
-
-class ClusterError(AmqpLabError):
-    """The cluster could not be started, reached, or did not reach the wanted state in time."""
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    """One node: container ``container`` with hostname ``hostname`` (node ``rabbit@hostname``),
-    AMQP on 127.0.0.1:``amqp_port``, management API on 127.0.0.1:``management_port``."""
-
-    index: int
-    hostname: str
-    container: str
-    amqp_port: int
-    management_port: int
-
-    @property
-    def nodename(self) -> str:
-        """The Erlang node name, as the management API and rabbitmqctl print it."""
-        return f"rabbit@{self.hostname}"
-
-    @property
-    def management_url(self) -> str:
-        return f"http://127.0.0.1:{self.management_port}"
-
-    def amqp_url(self, vhost: str = "/", username: str = "guest", password: str = "guest") -> str:
-        user, pw = quote(username, safe=""), quote(password, safe="")
-        return f"amqp://{user}:{pw}@127.0.0.1:{self.amqp_port}/{quote(vhost, safe='')}"
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """``state``: the container's state (``running``, ``exited``, ... or ``absent``);
-    ``members``: the running cluster members this node's management API lists (empty when
-    it does not answer)."""
-
-    node: ClusterNode
-    state: str
-    members: tuple[str, ...]
+NodeRef = str | int | ClusterNode
+"""A node: a ClusterNode, its index (1, "1"), hostname ("rmq1"), node name ("rabbit@rmq1")
+or container name."""
 
 
 class Cluster:
     """A ``size``-node cluster named ``name`` (the Docker network; containers ``name-rmqN``).
 
     Ports: node N gets ``amqp_port + N - 1`` and ``management_port + N - 1``. Timeouts are in
-    seconds. Every method raises :class:`ClusterError` when Docker does not answer.
+    seconds. Methods raise :class:`ClusterError` when Docker does not answer or a wait times
+    out, and ManagementError when no node's management API answers.
     """
 
     def __init__(
@@ -100,12 +64,11 @@ class Cluster:
             ClusterNode(i, f"rmq{i}", f"{name}-rmq{i}", amqp_port + i - 1, management_port + i - 1)
             for i in range(1, size + 1)
         )
-        self._docker: Any = None
+        self.containers = NodeContainers(name, image)
 
     # --- addresses -----------------------------------------------------------------------------
-    def node(self, ref: str | int | ClusterNode) -> ClusterNode:
-        """The node named by ``ref``: a ClusterNode, its index (1, "1"), hostname ("rmq1"),
-        node name ("rabbit@rmq1") or container name. Raises ClusterError for anything else."""
+    def node(self, ref: NodeRef) -> ClusterNode:
+        """The node named by ``ref`` (see NodeRef). Raises ClusterError for anything else."""
         if isinstance(ref, ClusterNode):
             return ref
         for node in self.nodes:
@@ -133,107 +96,36 @@ class Cluster:
             **overrides,
         )
 
-    def node_settings(self, node: str | int | ClusterNode, vhost: str = "/") -> BrokerSettings:
+    def node_settings(self, node: NodeRef, vhost: str = "/", **overrides: Any) -> BrokerSettings:
         """BrokerSettings for one node only (single AMQP URL and management base)."""
         n = self.node(node)
-        return BrokerSettings(n.amqp_url(vhost, self.username, self.password), n.management_url)
+        url = n.amqp_url(vhost, self.username, self.password)
+        return BrokerSettings(url, n.management_url, **overrides)
 
-    # --- docker plumbing -----------------------------------------------------------------------
-    def _client(self) -> Any:
-        if self._docker is None:
-            import docker
-
-            try:
-                client = docker.from_env(timeout=30)
-                client.ping()
-            except docker.errors.DockerException as e:
-                raise ClusterError(f"Docker is not reachable: {e}") from e
-            self._docker = client
-        return self._docker
-
-    @contextmanager
-    def _docker_errors(self, doing: str) -> Iterator[None]:
-        import docker
-
-        try:
-            yield
-        except docker.errors.DockerException as e:
-            raise ClusterError(f"{doing}: {' '.join(str(e).split())}") from e
-
-    def _container(self, node: ClusterNode) -> Any | None:
-        import docker
-
-        with self._docker_errors(f"inspecting container {node.container}"):
-            try:
-                return self._client().containers.get(node.container)
-            except docker.errors.NotFound:
-                return None
-
-    def state(self, node: str | int | ClusterNode) -> str:
+    # --- inside a node -------------------------------------------------------------------------
+    def state(self, node: NodeRef) -> str:
         """The node's container state: ``running``, ``exited``, ``created``... or ``absent``."""
-        container = self._container(self.node(node))
-        return "absent" if container is None else str(container.status)
+        return self.containers.state(self.node(node))
 
-    def ctl(self, node: str | int | ClusterNode, *args: str, tool: str = "rabbitmqctl") -> str:
+    def running_nodes(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if self.state(n) == "running"]
+
+    def ctl(self, node: NodeRef, *args: str, tool: str = "rabbitmqctl") -> str:
         """Run ``tool ARGS`` (rabbitmqctl, rabbitmq-queues, rabbitmq-diagnostics) inside the
-        node's container; return its output. Raises ClusterError on a non-zero exit."""
-        n = self.node(node)
-        container = self._container(n)
-        if container is None or container.status != "running":
-            raise ClusterError(f"{tool} {' '.join(args)}: node {n.nodename} is not running")
-        with self._docker_errors(f"{tool} on {n.nodename}"):
-            code, output = container.exec_run([tool, *args])
-        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
-        if code != 0:
-            tail = " ".join(text.split())[-400:]
-            raise ClusterError(f"{tool} {' '.join(args)} on {n.nodename} exited {code}: {tail}")
-        return text
-
-    # --- management API ------------------------------------------------------------------------
-    def members_seen(self, node: str | int | ClusterNode) -> tuple[str, ...]:
-        """The running members the node's management API lists (GET /api/nodes); () when the
-        node's management API does not answer."""
-        try:
-            with ManagementClient(self.node_settings(node), timeout=3) as api:
-                return tuple(sorted(n["name"] for n in api.nodes() if n.get("running")))
-        except ManagementError:
-            return ()
-
-    def management(self, call: Callable[[ManagementClient], Any]) -> Any:
-        """``call(client)`` on the first node whose management API answers. Raises
-        ClusterError when none does; a 4xx ManagementError propagates (a 5xx tries the next)."""
-        last: ManagementError | None = None
-        for node in self.nodes:
-            try:
-                with ManagementClient(self.node_settings(node), timeout=5) as api:
-                    return call(api)
-            except ManagementError as e:
-                if e.status_code is not None and e.status_code < 500:
-                    raise
-                last = e
-        raise ClusterError(f"no cluster node's management API answers ({last})")
-
-    def queue_info(self, vhost: str, queue: str) -> dict[str, Any] | None:
-        """GET /api/queues/{vhost}/{queue} from any live node; None when the queue is absent."""
-        info: dict[str, Any] | None = self.management(lambda api: api.queue(vhost, queue))
-        return info
-
-    def queue_leader(self, vhost: str, queue: str) -> str | None:
-        """The node name hosting the quorum queue's leader (management API ``leader`` field),
-        or None when the queue is absent or reports no leader yet."""
-        info = self.queue_info(vhost, queue)
-        leader = None if info is None else info.get("leader")
-        return str(leader) if leader else None
+        node's container (docker exec); return its output. ClusterError on a non-zero exit or
+        when the node is not running."""
+        return self.containers.exec(self.node(node), [tool, *args])
 
     def quorum_status(
-        self, vhost: str, queue: str, node: str | int | ClusterNode | None = None
+        self, vhost: str, queue: str, node: NodeRef | None = None
     ) -> list[dict[str, Any]]:
         """``rabbitmq-queues quorum_status QUEUE --vhost VHOST --formatter json`` on ``node``
         (default: the first running node): one dict per member with ``Node Name``, ``Raft
-        State`` (leader, follower, ...), ``Membership``, ``Commit Index``, ``Last Applied``,
-        ``Last Written``, ``Term`` (RabbitMQ 4.3 field names)."""
+        State`` (leader, follower; ``noconnection`` with empty indexes for a member that is
+        down), ``Membership``, ``Commit Index``, ``Last Applied``, ``Last Written``, ``Term``
+        (RabbitMQ 4.3's field names)."""
         if node is None:
-            running = [n for n in self.nodes if self.state(n) == "running"]
+            running = self.running_nodes()
             if not running:
                 raise ClusterError("quorum_status: no cluster node is running")
             node = running[0]
@@ -245,10 +137,38 @@ class Cluster:
             raise ClusterError(f"quorum_status {queue}: unexpected output {text[:200]!r}") from e
         return [dict(m) for m in members]
 
-    # --- lifecycle -----------------------------------------------------------------------------
-    def _answers(self, node: ClusterNode) -> bool:
-        return bool(self.members_seen(node))
+    # --- management API ------------------------------------------------------------------------
+    def members_seen(self, node: NodeRef, running: bool = True) -> tuple[str, ...]:
+        """The members the node's own management API lists (GET /api/nodes), sorted: only
+        those it sees running, or with ``running=False`` every member, down ones too; () when
+        that node's management API does not answer."""
+        try:
+            with ManagementClient(self.node_settings(node), timeout=3) as api:
+                listed = api.nodes()
+        except ManagementError:
+            return ()
+        return tuple(sorted(n["name"] for n in listed if n.get("running") or not running))
 
+    def management(self, call: Callable[[ManagementClient], Any]) -> Any:
+        """``call(client)`` with a ManagementClient over every node's management API (it moves
+        on from a node that does not answer)."""
+        with ManagementClient(self.settings(), timeout=5) as api:
+            return call(api)
+
+    def queue_info(self, vhost: str, queue: str) -> dict[str, Any] | None:
+        """GET /api/queues/{vhost}/{queue} from any live node; None when the queue is absent.
+        A quorum queue's info has ``leader``, ``members`` and ``online`` (node names)."""
+        info: dict[str, Any] | None = self.management(lambda api: api.queue(vhost, queue))
+        return info
+
+    def queue_leader(self, vhost: str, queue: str) -> str | None:
+        """The node name hosting the quorum queue's leader (management API ``leader`` field),
+        or None when the queue is absent or reports no leader yet."""
+        info = self.queue_info(vhost, queue)
+        leader = None if info is None else info.get("leader")
+        return str(leader) if leader else None
+
+    # --- lifecycle -----------------------------------------------------------------------------
     def is_clustered(self) -> bool:
         """True when every node's container runs and every node lists all nodes as running."""
         want = tuple(sorted(n.nodename for n in self.nodes))
@@ -262,111 +182,51 @@ class Cluster:
         if self.is_clustered():
             return False
         deadline = time.monotonic() + timeout
-        client = self._client()
-        self._ensure_image(client)
-        network = self._ensure_network(client)
+        self.containers.ensure_image()
         for node in self.nodes:
-            container = self._container(node)
-            if container is None:
-                self._create(client, network, node)
-            elif container.status != "running":
-                with self._docker_errors(f"starting {node.container}"):
-                    container.start()
+            if self.containers.get(node) is None:
+                for port in (node.amqp_port, node.management_port):
+                    if _port_open(port):
+                        raise ClusterError(f"port 127.0.0.1:{port} for {node.nodename} is taken")
+                self.containers.create(node, self.cookie, self.config_file)
+            else:
+                self.containers.start(node)
         for node in self.nodes:
-            _poll(partial(self._answers, node), deadline, f"{node.nodename} boots")
+            _poll(partial(self.members_seen, node), deadline, f"{node.nodename} boots")
         first = self.nodes[0]
         for node in self.nodes[1:]:
-            if first.nodename not in self.members_seen(node):
+            if first.nodename not in self.members_seen(node, running=False):
                 self.ctl(node, "stop_app")
                 self.ctl(node, "join_cluster", first.nodename)
                 self.ctl(node, "start_app")
         _poll(self.is_clustered, deadline, "all nodes run in one cluster")
         return True
 
-    def _ensure_image(self, client: Any) -> None:
-        import docker
-
-        with self._docker_errors(f"looking up image {self.image}"):
-            try:
-                client.images.get(self.image)
-            except docker.errors.ImageNotFound as e:
-                raise ClusterError(
-                    f"image {self.image} is absent: build it with "
-                    f"scripts/build_test_image.sh sid {self.image}"
-                ) from e
-
-    def _ensure_network(self, client: Any) -> Any:
-        with self._docker_errors(f"creating network {self.name}"):
-            found = client.networks.list(names=[self.name])
-            if found:
-                return found[0]
-            return client.networks.create(self.name, driver="bridge", labels={LABEL: self.name})
-
-    def _create(self, client: Any, network: Any, node: ClusterNode) -> None:
-        for port in (node.amqp_port, node.management_port):
-            if _port_open(port):
-                raise ClusterError(f"port 127.0.0.1:{port} for {node.nodename} is already taken")
-        with self._docker_errors(f"creating {node.container}"):
-            container = client.containers.create(
-                self.image,
-                name=node.container,
-                hostname=node.hostname,
-                environment={
-                    "RABBITMQ_NODENAME": node.nodename,
-                    "RABBITMQ_ERLANG_COOKIE": self.cookie,
-                },
-                volumes={
-                    str(self.config_file): {"bind": "/etc/rabbitmq/rabbitmq.conf", "mode": "ro"}
-                },
-                ports={
-                    "5672/tcp": ("127.0.0.1", node.amqp_port),
-                    "15672/tcp": ("127.0.0.1", node.management_port),
-                },
-                labels={LABEL: self.name},
-                detach=True,
-            )
-            network.connect(container, aliases=[node.hostname])
-            container.start()
-
-    def kill(self, node: str | int | ClusterNode, timeout: float = 30) -> None:
-        """SIGKILL the node's container (``docker kill``): a crash, no clean shutdown."""
+    def kill(self, node: NodeRef, timeout: float = 30) -> None:
+        """SIGKILL the node's container (``docker kill``): a crash, no clean shutdown. Returns
+        once Docker reports the container stopped."""
         n = self.node(node)
-        container = self._container(n)
-        if container is None or container.status != "running":
-            raise ClusterError(f"node {n.nodename} is not running ({self.state(n)})")
-        with self._docker_errors(f"killing {n.container}"):
-            container.kill(signal="SIGKILL")
+        self.containers.kill(n)
         _poll(lambda: self.state(n) != "running", time.monotonic() + timeout, f"{n.container} dies")
 
-    def restart(self, node: str | int | ClusterNode, timeout: float = 180) -> None:
+    def restart(self, node: NodeRef, timeout: float = 180) -> bool:
         """Start a killed or stopped node's container again (same data) and wait until every
-        node lists it as a running member. A running node is left as it is."""
+        running node, itself included, lists it as a running member. Returns False when it
+        was running already (nothing done, no wait)."""
         n = self.node(node)
-        container = self._container(n)
-        if container is None:
-            raise ClusterError(f"node {n.nodename} has no container: run start")
-        if container.status != "running":
-            with self._docker_errors(f"starting {n.container}"):
-                container.start()
-        deadline = time.monotonic() + timeout
+        if self.state(n) == "running":
+            return False
+        self.containers.start(n)
 
         def rejoined() -> bool:
-            return all(
-                n.nodename in self.members_seen(m) for m in self.nodes if self.state(m) == "running"
-            )
+            return all(n.nodename in self.members_seen(m) for m in self.running_nodes())
 
-        _poll(rejoined, deadline, f"{n.nodename} is back in the cluster")
+        _poll(rejoined, time.monotonic() + timeout, f"{n.nodename} is back in the cluster")
+        return True
 
     def stop(self) -> None:
         """Remove the containers (with their volumes) and the network. Nothing there is fine."""
-        for node in self.nodes:
-            container = self._container(node)
-            if container is not None:
-                with self._docker_errors(f"removing {node.container}"):
-                    container.remove(force=True, v=True)
-        with self._docker_errors(f"removing network {self.name}"):
-            for network in self._client().networks.list(names=[self.name]):
-                network.remove()
+        self.containers.remove(self.nodes)
 
     def status(self) -> list[NodeStatus]:
         """Each node's container state and the cluster members it sees."""
@@ -378,8 +238,8 @@ class Cluster:
         return result
 
 
-def _poll(check: Callable[[], bool], deadline: float, what: str, interval: float = 0.5) -> None:
-    """Call ``check`` until it returns True; ClusterError naming ``what`` at ``deadline``."""
+def _poll(check: Callable[[], object], deadline: float, what: str, interval: float = 0.5) -> None:
+    """Call ``check`` until it returns something truthy; ClusterError at ``deadline``."""
     started = time.monotonic()
     while not check():
         if time.monotonic() > deadline:

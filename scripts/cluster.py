@@ -75,8 +75,9 @@ def main() -> int:
         cluster.stop()
     elif args.command == "kill":
         cluster.kill(args.node)
-    else:
-        cluster.restart(args.node, timeout=args.timeout)
+    elif not cluster.restart(args.node, timeout=args.timeout):
+        print(f"node {cluster.node(args.node).nodename} is already running")
+        return EXIT_OK
     what = f"node {cluster.node(args.node).nodename}" if args.node else f"cluster {args.name}"
     print(f"{what}: {args.command} done in {time.monotonic() - started:.1f}s")
     return EXIT_OK

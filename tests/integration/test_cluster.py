@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.connection import open_channel
+from amqp_lab.connection import close_quietly, connect, open_channel
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
@@ -104,6 +105,54 @@ def other(cluster: Cluster, *not_these: ClusterNode) -> ClusterNode:
     return next(n for n in cluster.nodes if n not in not_these)
 
 
+def cluster_script(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """scripts/cluster.py ARGS for the test cluster (its name and ports)."""
+    first = cluster.nodes[0]
+    options = ["--name", cluster.name, "--amqp-port", str(first.amqp_port)]
+    options += ["--management-port", str(first.management_port)]
+    script = str(ROOT / "scripts" / "cluster.py")
+    return subprocess.run(
+        [sys.executable, script, *args, *options], capture_output=True, text=True, timeout=200
+    )
+
+
+def test_the_script_sees_the_running_cluster_and_kills_and_restarts_a_node(
+    cluster: Cluster, cvhost: str
+) -> None:
+    again = cluster_script(cluster, "start")
+    assert (again.returncode, again.stdout) == (
+        0,
+        f"cluster {cluster.name} is already running (3 nodes)\n",
+    )
+    members = "members seen: rabbit@rmq1,rabbit@rmq2,rabbit@rmq3"
+    status = cluster_script(cluster, "status")
+    assert status.returncode == 0, status.stderr
+    assert [line.split(" (")[0] for line in status.stdout.splitlines()] == [
+        "rabbit@rmq1 running", "rabbit@rmq2 running", "rabbit@rmq3 running"
+    ]  # fmt: skip
+    assert all(line.endswith(members) for line in status.stdout.splitlines())
+
+    assert cluster_script(cluster, "kill", "rmq3").returncode == 0
+    assert cluster.state(3) == "exited"
+    twice = cluster_script(cluster, "kill", "rmq3")
+    assert (twice.returncode, twice.stderr) == (
+        1,
+        "error: node rabbit@rmq3 is not running (exited)\n",
+    )
+    two = ("rabbit@rmq1", "rabbit@rmq2")
+    wait_for(lambda: cluster.members_seen(1) == two, 30, 0.5, "rmq1 to see rmq3 down")
+    down = cluster_script(cluster, "status").stdout.splitlines()
+    assert down[0].endswith("members seen: rabbit@rmq1,rabbit@rmq2")
+    assert down[2].startswith("rabbit@rmq3 exited") and down[2].endswith("members seen: -")
+    assert cluster_script(cluster, "status").returncode == 1
+
+    back = cluster_script(cluster, "restart", "3")
+    assert back.returncode == 0, back.stderr
+    assert back.stdout.startswith("node rabbit@rmq3: restart done in ")
+    assert cluster.is_clustered()
+    assert cluster_script(cluster, "restart", "3").stdout == "node rabbit@rmq3 is already running\n"
+
+
 def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     cluster: Cluster, cvhost: str
 ) -> None:
@@ -132,7 +181,7 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
 
     assert consumed_ids(cluster.node_settings(survivor, cvhost)) == Counter(ids)
 
-    cluster.restart(leader)
+    assert cluster.restart(leader)
     wait_all_online(cluster, cvhost)
 
 
@@ -155,7 +204,7 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     assert down[steady.nodename]["Commit Index"] == committed
 
     restarted_at = time.monotonic()
-    cluster.restart(follower)
+    assert cluster.restart(follower)
     rejoined = time.monotonic() - restarted_at
     wait_all_online(cluster, cvhost)
 
@@ -186,3 +235,22 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     )
     cluster.kill(leader)
     assert consumed_ids(cluster.node_settings(follower, cvhost)) == Counter(before + during)
+
+
+def test_the_address_list_connects_publishes_and_consumes_while_node_1_is_dead(
+    cluster: Cluster, cvhost: str
+) -> None:
+    cluster.kill(1)
+    settings = cluster.settings(cvhost)  # all three nodes, node 1 first
+    assert settings.amqp_urls[0] == cluster.nodes[0].amqp_url(cvhost)
+    for _ in range(12):  # random start: node 1 comes first in almost every run of 12
+        connection = connect(settings)
+        try:
+            assert connection.is_open
+        finally:
+            close_quietly(connection)
+    declare_quorum_queue(settings)
+    ids = [f"l-{i}" for i in range(100)]
+    publish_confirmed(settings, ids)
+    assert consumed_ids(settings) == Counter(ids)
+    assert cluster.management(lambda api: api.queue(cvhost, QUEUE))["type"] == "quorum"
