@@ -4,6 +4,13 @@ then check that every confirmed message_id was applied exactly once or dead-lett
 
     python scripts/chaos.py [--messages 2000] [--kills 5] [--workers 3] [--closes F]
                             [--dedup-url URL] [--unsafe-auto-ack] [--seed S] [--json]
+    python scripts/chaos.py --cluster [--messages 2000] [--kills 5] ...   (docs/cluster.md)
+
+With --cluster, EAI_AMQP_URL lists the nodes of a three-node cluster (scripts/cluster.py env)
+and each of the F kills is a SIGKILL of the node that hosts the leader of quorum queue q:tasks,
+while publishing and consuming, then a restart of that node (lab.chaos_cluster); the summary
+adds, per kill, the consumers' resume time and the confirms outstanding at the kill and their
+fate.
 
 Each handler effect is one row in a ``ledger`` table in the dedup store's database, written in
 the dedup transaction. With --json the last line is the summary object. Exit 0 when the
@@ -32,7 +39,7 @@ from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology import apply_topology, load_topology
+from amqp_lab.topology import apply_topology, load_topology, with_queue_type
 from lab.chaos import (
     Event,
     OutputTally,
@@ -42,8 +49,10 @@ from lab.chaos import (
     read_ledger,
     summarize,
 )
+from lab.chaos_cluster import ClusterChaosPlan, check_addresses, run_cluster_chaos
 from lab.chaos_pool import Closer, PublisherThread, WorkerPool, connection_name, wait_visible
 from lab.chaos_worker import NAMES, QUEUE, run_worker
+from lab.cluster import DEFAULT_NAME, Cluster
 
 EXIT_INVARIANT = 5
 STALL = 2.0  # seconds without a new delivery after publishing: fire the remaining events
@@ -70,6 +79,7 @@ class ChaosRun:
         command += ["--run-id", self.run_id, "--stop-file", str(self.stop_file)]
         command += ["--work-ms", str(args.work_ms), "--ack-batch", str(args.ack_batch)]
         command += ["--unsafe-auto-ack"] if args.unsafe_auto_ack else []
+        command += ["--prefetch", str(args.prefetch)] if args.prefetch else []
         self.pool = WorkerPool(args.workers, command, workdir)
         self.publisher = PublisherThread(
             settings_from_env(connection_name("publisher")),
@@ -137,14 +147,8 @@ class ChaosRun:
     def drain(self) -> int:
         """Stop file, wait until every worker exited idle, start them again while q:tasks still
         holds messages. Returns the messages left (0 when drained)."""
-        self.stop_file.touch()
         self.log("draining")
-        for _ in range(5):
-            self.pool.wait_all(120)
-            if queue_depth(self.settings) == 0:
-                return 0
-            self.pool.start_all()
-        return queue_depth(self.settings)
+        return self.pool.drain(self.stop_file, lambda: queue_depth(self.settings))
 
     def summary(self, store: ManagedDedupStore, left: int) -> dict[str, Any]:
         self.tally.update(self.pool.outputs)
@@ -193,7 +197,15 @@ def parse_args() -> argparse.Namespace:
         metavar="B",
         help="deliveries per store transaction and basic.ack multiple=true (prefetch 2*B)",
     )
+    parser.add_argument("--prefetch", type=int, default=None, help="default 10; --cluster: 1")
     parser.add_argument("--seed", type=int, default=None, help="for the event plan")
+    cluster = parser.add_argument_group("--cluster: kill quorum queue leaders (docs/cluster.md)")
+    cluster.add_argument("--cluster", action="store_true", help="leader kills, not worker kills")
+    cluster.add_argument("--cluster-name", default=DEFAULT_NAME, help="as scripts/cluster.py's")
+    cluster.add_argument("--cluster-size", type=int, default=3)
+    cluster.add_argument("--cluster-amqp-port", type=int, default=5701, help="node 1's")
+    cluster.add_argument("--cluster-management-port", type=int, default=15701, help="node 1's")
+    cluster.add_argument("--window", type=int, default=50, help="unconfirmed publishes at most")
     parser.add_argument("--json", action="store_true", help="last line: the JSON summary")
     parser.add_argument("--worker-process", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
@@ -203,6 +215,12 @@ def parse_args() -> argparse.Namespace:
         parser.error("--messages and --workers must be >= 1, --kills and --duplicate-every >= 0")
     if args.closes is not None and args.closes < 0:
         parser.error("--closes must be >= 0")
+    if args.prefetch is not None and args.prefetch < args.ack_batch:
+        parser.error("--prefetch must be >= --ack-batch")
+    if args.cluster and (args.unsafe_auto_ack or args.closes or args.ack_batch != 1):
+        parser.error("--cluster kills leaders only: no --unsafe-auto-ack, --closes, --ack-batch")
+    if args.cluster and (args.kills < 1 or args.window < 1):
+        parser.error("--cluster needs --kills >= 1 and --window >= 1")
     return args
 
 
@@ -217,18 +235,14 @@ def main() -> int:
             Path(args.stop_file),
             args.unsafe_auto_ack,
             args.work_ms / 1000,
+            prefetch=args.prefetch,
             ack_batch=args.ack_batch,
         )
+    if args.cluster:
+        return cluster_main(args)
     settings = settings_from_env("amqp-lab chaos")
     apply_topology(settings, load_topology())
-    if queue_depth(settings):
-        raise ConfigurationError(
-            f"q:tasks in vhost {settings.vhost!r} is not empty; the crash test needs it empty"
-        )
-    (ROOT / ".state").mkdir(exist_ok=True)
-    run_id = f"chaos-{uuid.uuid4().hex[:10]}"
-    workdir = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=ROOT / ".state"))
-    args.dedup_url = args.dedup_url or str(workdir / "dedup.sqlite3")
+    run_id, workdir = prepare_run(settings, args)
     store = open_store(args.dedup_url)
     chaos = ChaosRun(args, settings, run_id, workdir)
     try:
@@ -261,6 +275,74 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary))
     return EXIT_OK if holds or args.unsafe_auto_ack else EXIT_INVARIANT
+
+
+def prepare_run(settings: BrokerSettings, args: argparse.Namespace) -> tuple[str, Path]:
+    """Refuse a q:tasks that is not empty; the run id and its work directory (in .state/)."""
+    if queue_depth(settings):
+        raise ConfigurationError(
+            f"q:tasks in vhost {settings.vhost!r} is not empty; the crash test needs it empty"
+        )
+    (ROOT / ".state").mkdir(exist_ok=True)
+    run_id = f"chaos-{uuid.uuid4().hex[:10]}"
+    workdir = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=ROOT / ".state"))
+    args.dedup_url = args.dedup_url or str(workdir / "dedup.sqlite3")
+    return run_id, workdir
+
+
+def cluster_main(args: argparse.Namespace) -> int:
+    """The --cluster run: quorum topology, leader kills (lab.chaos_cluster), the summary."""
+    cluster = Cluster(
+        size=args.cluster_size,
+        name=args.cluster_name,
+        amqp_port=args.cluster_amqp_port,
+        management_port=args.cluster_management_port,
+    )
+    settings = settings_from_env("amqp-lab chaos")
+    check_addresses(settings, [n.amqp_url(settings.vhost) for n in cluster.nodes])
+    apply_topology(settings, with_queue_type(load_topology(), "quorum"))
+    run_id, workdir = prepare_run(settings, args)
+    store = open_store(args.dedup_url)
+    portion = args.messages // (args.kills + 1)
+    plan = ClusterChaosPlan(
+        args.messages,
+        args.kills,
+        args.workers,
+        args.duplicate_every,
+        args.publish_rate or max(10.0, portion / 3),  # a portion takes about 3 s
+        args.window,
+    )
+    command = [sys.executable, str(Path(__file__).resolve()), "--dedup-url", args.dedup_url]
+    command += ["--run-id", run_id, "--stop-file", str(workdir / "stop")]
+    command += ["--work-ms", str(args.work_ms), "--prefetch", str(args.prefetch or 1)]
+    started = time.monotonic()
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
+
+    try:
+        create_ledger(store)
+        log(
+            f"run {run_id}: cluster {args.cluster_name}, {args.messages} messages at most "
+            f"{plan.rate:g}/s, {args.workers} workers, {args.kills} leader kills, "
+            f"store {store.location}"
+        )
+        summary = run_cluster_chaos(cluster, settings, store, plan, command, run_id, workdir, log)
+        summary["store"] = store_kind(args.dedup_url)[0]
+    finally:
+        store.close()
+    for key, value in summary.items():
+        if key != "failovers":
+            print(f"{key}={value}")
+    for i, kill in enumerate(summary["failovers"], 1):
+        print(f"kill {i}: " + " ".join(f"{k}={v}" for k, v in kill.items()))
+    if summary["invariant_holds"]:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"INVARIANT VIOLATED; worker output and store kept in {workdir}")
+    if args.json:
+        print(json.dumps(summary))
+    return EXIT_OK if summary["invariant_holds"] else EXIT_INVARIANT
 
 
 if __name__ == "__main__":
