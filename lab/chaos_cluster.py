@@ -57,9 +57,12 @@ class Failover:
     until the management API named it, polled every 0.1 s: an upper bound of the election,
     since the API's ``leader`` field follows the queue's metadata, which lags by up to a few
     seconds), ``restart_s`` (restart until the node's replica was online in the queue again),
-    and which connections the killed node carried."""
+    ``handed_over`` (messages handed to the publisher by the kill) and which connections the
+    killed node carried (as the management API listed them: a new connection shows after
+    1-5 s)."""
 
     kill: Kill
+    handed_over: int = 0
     leader_after: str | None = None
     leader_seen_s: float | None = None
     restart_s: float | None = None
@@ -68,6 +71,7 @@ class Failover:
 
     def facts(self) -> dict[str, Any]:
         return {
+            "handed_over": self.handed_over,
             "leader_after": self.leader_after,
             "leader_seen_s": self.leader_seen_s,
             "restart_s": self.restart_s,
@@ -180,19 +184,19 @@ class ClusterChaos:
         leader = self._leader()
         on_node = [n for n, node in connections_by_node(self.settings).items() if node == leader]
         confirmed_leader = self._leader()  # again, right before the kill: still the same node?
-        reconnects, asked = self.publisher.reconnects, time.time()
+        reconnects, handed, asked = self.publisher.reconnects, self.publisher.handed, time.time()
         self.cluster.kill(leader)
         at = kill_event_time(self.cluster.node_for(leader).container, asked)
         if at is None:
             self.log("no Docker kill event found: the kill's time is when it was asked for")
         kill = Kill(leader, confirmed_leader, at or asked, reconnects)
-        f = Failover(kill, publisher_on_node=connection_name("publisher") in on_node)
+        f = Failover(kill, handed, publisher_on_node=connection_name("publisher") in on_node)
         f.workers_on_node = sorted(n for n in on_node if n != connection_name("publisher"))
         self.log(
             f"SIGKILL {leader} (the leader of {self.queue}; it carried "
             f"{len(f.workers_on_node)} worker connection(s)"
             f"{' and the publisher' if f.publisher_on_node else ''}), "
-            f"{self.publisher.handed} messages handed over"
+            f"{handed} messages handed over by then"
         )
 
         def new_leader() -> bool:
@@ -246,6 +250,13 @@ class ClusterChaos:
                 return False
             time.sleep(POLL)
         return True
+
+
+def _publisher_error(publisher: GatedPublisher) -> str | None:
+    """What stopped the publisher early, or that it never finished; None when it did."""
+    if publisher.is_alive():
+        return "still publishing at the end of the run"
+    return None if publisher.error is None else str(publisher.error)
 
 
 @dataclass(frozen=True)
@@ -311,7 +322,7 @@ def run_cluster_chaos(
         publishes=len(records),
         publish_failed=sum(1 for r in records if r.done_at is not None and not r.confirmed),
         publisher_reconnects=publisher.reconnects,
-        publisher_error=None if publisher.error is None else str(publisher.error),
+        publisher_error=_publisher_error(publisher),
         duplicates_skipped=tally.counts["outcome:duplicate"],
         deliveries=tally.counts["deliveries"],
         unexpected_worker_exits=pool.unexpected_exits,

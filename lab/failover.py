@@ -139,9 +139,10 @@ def failover_holds(summary: dict[str, Any], kills: Sequence[dict[str, Any]], wan
     """The cluster run's invariant: nothing lost, nothing applied twice, ``wanted`` kills made,
     each of them on the leader's node and followed by a new leader on another node
     (``leader_after``), the consumers resumed after each, no publish left without an outcome
-    and no ``publisher_error`` (the publisher stopped early). Redeliveries are not required: a
-    kill whose node held no worker's connection redelivers nothing, since a quorum queue keeps
-    a live consumer's deliveries across a leader change."""
+    and no ``publisher_error`` (the publisher stopped early or never finished). Redeliveries
+    are not required: a kill whose node carried no worker's connection need not cause any,
+    since a consumer on a live node keeps its unacknowledged deliveries across a leader
+    change."""
     return (
         summary["lost"] == 0
         and summary["applied_twice"] == 0
