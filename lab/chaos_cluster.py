@@ -57,12 +57,15 @@ class Failover:
     until the management API named it, polled every 0.1 s: an upper bound of the election,
     since the API's ``leader`` field follows the queue's metadata, which lags by up to a few
     seconds), ``restart_s`` (restart until the node's replica was online in the queue again),
-    ``handed_over`` (messages handed to the publisher by the kill) and which connections the
-    killed node carried (as the management API listed them: a new connection shows after
-    1-5 s)."""
+    ``handed_over`` (messages handed to the publisher by the kill), ``publishing`` (its
+    portion was not all handed over yet), ``consuming`` (a worker settled a delivery in the
+    half second before) and which connections the killed node carried (as the management API
+    listed them: a new connection shows after 1-5 s)."""
 
     kill: Kill
     handed_over: int = 0
+    publishing: bool = False
+    consuming: bool = False
     leader_after: str | None = None
     leader_seen_s: float | None = None
     restart_s: float | None = None
@@ -72,6 +75,8 @@ class Failover:
     def facts(self) -> dict[str, Any]:
         return {
             "handed_over": self.handed_over,
+            "publishing": self.publishing,
+            "consuming": self.consuming,
             "leader_after": self.leader_after,
             "leader_seen_s": self.leader_seen_s,
             "restart_s": self.restart_s,
@@ -162,14 +167,18 @@ class ClusterChaos:
 
     def run(self, kills: int) -> list[Failover]:
         """Publish, consume and kill; returns once the last portion has been handed over and
-        publishing ended (the caller drains)."""
+        publishing ended (the caller drains). One message goes first, so the first kill finds
+        the workers already consuming."""
         plan = portions(self.publisher.count, kills)
         self.pool.start_all()
-        for size in plan[:-1]:
-            before = self.publisher.handed
-            self.publisher.allow(size)
+        self.publisher.allow(1)
+        self._wait("the workers consume", lambda: self.tally.update(self.pool.outputs) > 0)
+        end = 0
+        for i, size in enumerate(plan[:-1]):
+            before, end = end, end + size
+            self.publisher.allow(size - 1 if i == 0 else size)
             self._wait("publishing and consuming", partial(self._mid, before, size))
-            self.failovers.append(self._failover())
+            self.failovers.append(self._failover(end))
         self.publisher.allow(plan[-1])
         self._wait("publishing ended", lambda: not self.publisher.is_alive(), self.timeout * 3)
         return self.failovers
@@ -180,17 +189,20 @@ class ClusterChaos:
         third = self.publisher.handed - before >= max(1, size // 3)
         return third and bool(self.pool.busy(within=0.5))
 
-    def _failover(self) -> Failover:
+    def _failover(self, end: int) -> Failover:
+        """Kill the leader's node while the portion ending at message ``end`` is published."""
         leader = self._leader()
         on_node = [n for n, node in connections_by_node(self.settings).items() if node == leader]
         confirmed_leader = self._leader()  # again, right before the kill: still the same node?
+        consuming = bool(self.pool.busy(within=0.5))
         reconnects, handed, asked = self.publisher.reconnects, self.publisher.handed, time.time()
         self.cluster.kill(leader)
         at = kill_event_time(self.cluster.node_for(leader).container, asked)
         if at is None:
             self.log("no Docker kill event found: the kill's time is when it was asked for")
         kill = Kill(leader, confirmed_leader, at or asked, reconnects)
-        f = Failover(kill, handed, publisher_on_node=connection_name("publisher") in on_node)
+        f = Failover(kill, handed, handed < end, consuming)
+        f.publisher_on_node = connection_name("publisher") in on_node
         f.workers_on_node = sorted(n for n in on_node if n != connection_name("publisher"))
         self.log(
             f"SIGKILL {leader} (the leader of {self.queue}; it carried "

@@ -92,12 +92,17 @@ def fate(record: PublishRecord, reconnects_at_kill: int) -> str:
     return "retried" if record.reconnects > reconnects_at_kill else "confirmed_later"
 
 
-def confirm_fates(records: Iterable[PublishRecord], kill: Kill) -> dict[str, int]:
-    """``outstanding`` at the kill, and how many of them met each fate."""
+def confirm_fates(records: Iterable[PublishRecord], kill: Kill) -> dict[str, Any]:
+    """``outstanding`` at the kill, how many of them met each fate, and ``last_outcome_s``:
+    seconds from the kill to the last of their outcomes (None: none outstanding or none
+    resolved). A confirm a few milliseconds after the kill was sent by the old leader before
+    it died; one after the election comes from the new leader."""
     outstanding = outstanding_at(records, kill.at)
-    counts = {"outstanding": len(outstanding)} | dict.fromkeys(FATES, 0)
+    counts: dict[str, Any] = {"outstanding": len(outstanding)} | dict.fromkeys(FATES, 0)
     for record in outstanding:
         counts[fate(record, kill.reconnects)] += 1
+    done = [r.done_at for r in outstanding if r.done_at is not None]
+    counts["last_outcome_s"] = round(max(done) - kill.at, 3) if done else None
     return counts
 
 
@@ -137,7 +142,8 @@ def kill_reports(
 
 def failover_holds(summary: dict[str, Any], kills: Sequence[dict[str, Any]], wanted: int) -> bool:
     """The cluster run's invariant: nothing lost, nothing applied twice, ``wanted`` kills made,
-    each of them on the leader's node and followed by a new leader on another node
+    each of them while publishing and consuming (``publishing``, ``consuming``), on the
+    leader's node and followed by a new leader on another node
     (``leader_after``), the consumers resumed after each, no publish left without an outcome
     and no ``publisher_error`` (the publisher stopped early or never finished). Redeliveries
     are not required: a kill whose node carried no worker's connection need not cause any,
@@ -148,6 +154,7 @@ def failover_holds(summary: dict[str, Any], kills: Sequence[dict[str, Any]], wan
         and summary["applied_twice"] == 0
         and len(kills) == wanted
         and all(k["hit_leader"] and k["resume_s"] is not None for k in kills)
+        and all(k.get("publishing") and k.get("consuming") for k in kills)
         and all(k.get("leader_after") not in (None, k["node"]) for k in kills)
         and all(k["unresolved"] == 0 for k in kills)
         and summary.get("publisher_error") is None

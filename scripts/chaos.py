@@ -221,6 +221,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--cluster kills leaders only: no --unsafe-auto-ack, --closes, --ack-batch")
     if args.cluster and (args.kills < 1 or args.window < 1):
         parser.error("--cluster needs --kills >= 1 and --window >= 1")
+    if args.cluster and args.messages < 10 * (args.kills + 1):
+        parser.error("--cluster needs --messages >= 10 * (--kills + 1): a portion per kill")
     return args
 
 

@@ -112,6 +112,7 @@ def test_leader_kills_lose_nothing_and_apply_nothing_twice(
     for kill in summary["failovers"]:
         assert kill["node"] in nodes
         assert kill["hit_leader"] is True and kill["leader_before"] == kill["node"]
+        assert (kill["publishing"], kill["consuming"]) == (True, True)  # messages in flight
         assert kill["leader_after"] in nodes - {kill["node"]}
         assert kill["resume_s"] is not None and 0 < kill["resume_s"] < 60
         fates = kill["confirmed_later"] + kill["retried"] + kill["failed"]
@@ -130,10 +131,22 @@ def test_leader_kills_lose_nothing_and_apply_nothing_twice(
 def test_cluster_chaos_refuses_an_address_list_without_the_cluster_nodes() -> None:
     """Checked before anything touches a broker or Docker: one clear line, exit 1."""
     settings = BrokerSettings("amqp://guest:guest@127.0.0.1:5999/x")
-    result = run_script(settings, "chaos.py", *CLUSTER_ARGS, "--messages", "10", timeout=60)
+    result = run_script(settings, "chaos.py", *CLUSTER_ARGS, "--messages", "60", timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.strip() == (
         "error: --cluster: EAI_AMQP_URL names 127.0.0.1:5999 but not the cluster's "
         "127.0.0.1:5721, 127.0.0.1:5722, 127.0.0.1:5723; list every node: "
         'eval "$(python scripts/cluster.py env --vhost VHOST)"'
     )
+
+
+def test_cluster_chaos_refuses_options_it_cannot_honour() -> None:
+    settings = BrokerSettings("amqp://guest:guest@127.0.0.1:5999/x")
+    for args, error in [
+        (("--messages", "59"), "--cluster needs --messages >= 10 * (--kills + 1)"),
+        (("--unsafe-auto-ack",), "--cluster kills leaders only"),
+        (("--kills", "0"), "--cluster needs --kills >= 1"),
+    ]:
+        result = run_script(settings, "chaos.py", *CLUSTER_ARGS, *args, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.splitlines()[-1].startswith(f"chaos.py: error: {error}")

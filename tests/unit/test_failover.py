@@ -72,7 +72,9 @@ def test_each_outstanding_publish_gets_one_fate() -> None:
         "retried": 1,
         "failed": 1,
         "unresolved": 1,
+        "last_outcome_s": 4.0,  # c's error, 4 s after the kill
     }
+    assert confirm_fates(records[4:], kill)["last_outcome_s"] is None  # none outstanding
 
 
 def test_a_message_is_confirmed_when_one_of_its_publishes_is() -> None:
@@ -89,7 +91,8 @@ def reports(*kills: Kill) -> list[dict[str, object]]:
     records = [PublishRecord("x", 99.9, 100.8, True, 0)]
     settled = [Settled(100.6, 100.7, True), Settled(150.0, 150.1, True), Settled(200.9, 201.0)]
     return [
-        r | {"leader_after": "rabbit@rmq2"} for r in kill_reports(list(kills), records, settled)
+        r | {"leader_after": "rabbit@rmq2", "publishing": True, "consuming": True}
+        for r in kill_reports(list(kills), records, settled)
     ]
 
 
@@ -108,7 +111,10 @@ def test_kill_reports_say_whether_the_kill_hit_the_leader_and_when_consumers_res
             "retried": 0,
             "failed": 0,
             "unresolved": 0,
+            "last_outcome_s": 0.8,
             "leader_after": "rabbit@rmq2",
+            "publishing": True,
+            "consuming": True,
         },
         {
             "node": "rabbit@rmq1",
@@ -121,7 +127,10 @@ def test_kill_reports_say_whether_the_kill_hit_the_leader_and_when_consumers_res
             "retried": 0,
             "failed": 0,
             "unresolved": 0,
+            "last_outcome_s": None,
             "leader_after": "rabbit@rmq2",
+            "publishing": True,
+            "consuming": True,
         },
     ]
 
@@ -139,6 +148,8 @@ def test_the_failover_invariant() -> None:
     assert failover_holds(clean, [good[0] | {"unresolved": 1}], 1) is False
     assert failover_holds(clean, [good[0] | {"leader_after": None}], 1) is False
     assert failover_holds(clean, [good[0] | {"leader_after": "rabbit@rmq1"}], 1) is False
+    assert failover_holds(clean, [good[0] | {"publishing": False}], 1) is False  # too late
+    assert failover_holds(clean, [good[0] | {"consuming": False}], 1) is False
 
 
 def test_portions_cover_every_message_one_per_kill_and_the_rest_last() -> None:
