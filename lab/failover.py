@@ -1,5 +1,5 @@
 """The cluster crash test's pure parts: what happened around each quorum queue leader kill,
-computed from timestamps (used by lab/chaos_cluster.py; no I/O here).
+computed from timestamps (used by lab.chaos_cluster and lab.leader_kills; no I/O here).
 
 Times are epoch seconds (``time.time()``) taken on this machine: the orchestrator's kill time,
 the publisher's hand-over and outcome times, and the workers' handler-start and settlement
@@ -49,13 +49,14 @@ class PublishRecord:
 
 @dataclass(frozen=True)
 class Settled:
-    """One delivery a worker settled: ``started`` when the worker began it (its dedup
-    transaction; None: not known), ``at`` when it was reported settled, and whether the broker
-    flagged it ``redelivered``."""
+    """One delivery of ``message_id`` a worker settled: ``started`` when the worker began it
+    (its dedup transaction; None: not known), ``at`` when it was reported settled, and whether
+    the broker flagged it ``redelivered``."""
 
     started: float | None
     at: float
     redelivered: bool = False
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,32 @@ class Kill:
 
 
 def resume_time(
-    kill_at: float, settled: Iterable[Settled], guard: float = RESUME_GUARD
+    kill_at: float, settled: Sequence[Settled], guard: float = RESUME_GUARD
 ) -> float | None:
     """Seconds from ``kill_at`` to the settlement of the first delivery a worker began more
-    than ``guard`` s after it; None when none was (the consumers never resumed)."""
-    after = [s.at for s in settled if s.started is not None and s.started > kill_at + guard]
+    than ``guard`` s after it and whose settlement stood (no later redelivery of its
+    message_id: a worker whose node died can still report a delivery it read before the
+    socket closed, and its basic.ack never arrived); None when there was none (the
+    consumers never resumed)."""
+    redone: dict[str, float] = {}  # message_id -> its last redelivery's settlement
+    for s in settled:
+        if s.redelivered and s.message_id is not None:
+            redone[s.message_id] = max(s.at, redone.get(s.message_id, s.at))
+    after = [
+        s.at
+        for s in settled
+        if s.started is not None
+        and s.started > kill_at + guard
+        and not (s.message_id in redone and redone[s.message_id] > s.at)
+    ]
     return round(min(after) - kill_at, 3) if after else None
+
+
+def first_confirm(records: Iterable[PublishRecord], kill_at: float) -> float | None:
+    """Seconds from ``kill_at`` to the first confirm of a publish handed over after it (when
+    publishing worked again); None when none was confirmed."""
+    done = [r.done_at for r in records if r.confirmed and r.done_at and r.sent_at > kill_at]
+    return round(min(done) - kill_at, 3) if done else None
 
 
 def outstanding_at(records: Iterable[PublishRecord], at: float) -> list[PublishRecord]:
@@ -123,7 +144,8 @@ def kill_reports(
     guard: float = RESUME_GUARD,
 ) -> list[dict[str, Any]]:
     """One dict per kill (in kill order): ``node``, ``leader_before``, ``hit_leader`` (the
-    killed node hosted the leader), ``resume_s`` (None: never resumed), ``redelivered``
+    killed node hosted the leader), ``resume_s`` (None: never resumed), ``first_confirm_s``
+    (:func:`first_confirm`), ``redelivered``
     (redelivered deliveries settled from this kill to the next, or to the end), and the
     outstanding confirms' fates."""
     ends = [k.at for k in kills[1:]] + [float("inf")]
@@ -133,6 +155,7 @@ def kill_reports(
             "leader_before": k.leader_before,
             "hit_leader": k.node == k.leader_before,
             "resume_s": resume_time(k.at, settled, guard),
+            "first_confirm_s": first_confirm(records, k.at),
             "redelivered": redelivered_between(settled, k.at, end),
         }
         | confirm_fates(records, k)

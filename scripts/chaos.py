@@ -23,160 +23,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
-from amqp_lab.dedup import ManagedDedupStore, open_store, store_kind
-from amqp_lab.dlq.ops import browse, depth
+from amqp_lab.dedup import open_store
+from amqp_lab.dlq.ops import depth
 from amqp_lab.errors import ConfigurationError
-from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, with_queue_type
-from lab.chaos import (
-    Event,
-    OutputTally,
-    create_ledger,
-    invariant_holds,
-    plan_events,
-    read_ledger,
-    summarize,
-)
+from lab.chaos import create_ledger, plan_events
 from lab.chaos_cluster import ClusterChaosPlan, check_addresses, run_cluster_chaos
-from lab.chaos_pool import Closer, PublisherThread, WorkerPool, connection_name, wait_visible
-from lab.chaos_worker import NAMES, QUEUE, run_worker
+from lab.chaos_pool import connection_name
+from lab.chaos_run import ChaosPlan, ChaosRun
+from lab.chaos_worker import QUEUE, run_worker
 from lab.cluster import DEFAULT_NAME, Cluster
 
 EXIT_INVARIANT = 5
-STALL = 2.0  # seconds without a new delivery after publishing: fire the remaining events
 
 
 def queue_depth(settings: BrokerSettings) -> int:
     """Ready messages in q:tasks (queue.declare passive: exact, no statistics lag)."""
     return depth(settings, QUEUE)
-
-
-class ChaosRun:
-    """One run: K workers, the publisher, the chaos events, the drain and the tally."""
-
-    def __init__(
-        self, args: argparse.Namespace, settings: BrokerSettings, run_id: str, workdir: Path
-    ) -> None:
-        self.args, self.settings, self.run_id = args, settings, run_id
-        self.rng = random.Random(args.seed)
-        self.started = time.monotonic()
-        self.stop_file = workdir / "stop"
-        self.tally = OutputTally()
-        self.kills = 0
-        command = [sys.executable, str(Path(__file__).resolve()), "--dedup-url", args.dedup_url]
-        command += ["--run-id", self.run_id, "--stop-file", str(self.stop_file)]
-        command += ["--work-ms", str(args.work_ms), "--ack-batch", str(args.ack_batch)]
-        command += ["--unsafe-auto-ack"] if args.unsafe_auto_ack else []
-        command += ["--prefetch", str(args.prefetch)] if args.prefetch else []
-        self.pool = WorkerPool(args.workers, command, workdir)
-        self.publisher = PublisherThread(
-            settings_from_env(connection_name("publisher")),
-            self.run_id,
-            args.messages,
-            args.duplicate_every,
-            args.publish_rate,
-        )
-        self.closer = Closer(settings, self.publisher, self.pool.names, self.rng, self.log)
-
-    def log(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
-
-    def start(self) -> None:
-        """Open the publisher's connection and wait until the management API lists it (so it
-        can be force-closed mid-publishing), start publishing, and start the workers once a
-        fifth of the messages is confirmed: the workers then start with a backlog, so a kill or a
-        forced close catches deliveries in flight (prefetched, or auto-acked and buffered)."""
-        self.publisher.start()
-        self.closer.start()
-        with ManagementClient(self.settings) as api:
-            if not wait_visible(api, self.settings.vhost, [connection_name("publisher")], 60):
-                self.log("warning: the publisher's connection did not show within 60 s")
-        self.publisher.go.set()
-        head_start = max(1, self.args.messages // 5)
-        while len(self.publisher.confirmed) < head_start and self.publisher.is_alive():
-            time.sleep(0.02)
-        self.pool.start_all()
-        self.log(
-            f"{len(self.publisher.confirmed)} confirmed; {len(self.pool.names)} workers started"
-        )
-
-    def fire(self, event: Event) -> str:
-        """Carry out one chaos event (closes happen in the background); describe it."""
-        if event.kind == "kill":
-            name = self.rng.choice(self.pool.busy(within=0.5) or self.pool.names)
-            self.kills += 1
-            return f"SIGKILL {name} (pid {self.pool.kill(name, self.rng)}), restarted"
-        target = "publisher" if event.kind == "close-publisher" else "worker"
-        self.closer.request(target)
-        return f"force-close a {target} connection"
-
-    def chaos_phase(self, events: list[Event]) -> None:
-        """Fire each event at its progress point: deliveries seen (kills, worker closes) or
-        messages confirmed (publisher closes); when progress stalls, fire what is left."""
-        last_seen, last_change = -1, time.monotonic()
-        while events or self.publisher.is_alive():
-            seen = self.tally.update(self.pool.outputs)
-            if seen != last_seen:
-                last_seen, last_change = seen, time.monotonic()
-            for line in self.pool.restart_exited():
-                self.log(line)
-            stalled = not self.publisher.is_alive() and time.monotonic() - last_change > STALL
-            confirmed = len(self.publisher.confirmed)
-            for event in events:
-                progress = confirmed if event.kind == "close-publisher" else seen
-                if progress >= event.at or stalled:
-                    events.remove(event)
-                    self.log(f"{self.fire(event)} (confirmed={confirmed} deliveries={seen})")
-                    last_change = time.monotonic()
-                    break
-            time.sleep(0.05)
-        self.closer.finish()
-
-    def drain(self) -> int:
-        """Stop file, wait until every worker exited idle, start them again while q:tasks still
-        holds messages. Returns the messages left (0 when drained)."""
-        self.log("draining")
-        return self.pool.drain(self.stop_file, lambda: queue_depth(self.settings))
-
-    def summary(self, store: ManagedDedupStore, left: int) -> dict[str, Any]:
-        self.tally.update(self.pool.outputs)
-        dlq_ids = [e.message_id for e in browse(self.settings, NAMES.dlq) if e.message_id]
-        counts = self.tally.counts
-        summary: dict[str, Any] = summarize(
-            self.publisher.confirmed,
-            read_ledger(store, self.run_id),
-            dlq_ids,
-            counts["redelivered"],
-        )
-        summary.update(
-            mode="unsafe-auto-ack" if self.args.unsafe_auto_ack else "safe",
-            store=store_kind(self.args.dedup_url)[0],
-            workers=self.args.workers,
-            kills=self.kills,
-            worker_closes=self.closer.closed["worker"],
-            publisher_closes=self.closer.closed["publisher"],
-            publish_retries=self.publisher.attempts - self.publisher.sent,
-            publish_failed=len(self.publisher.failed),
-            duplicates_skipped=counts["outcome:duplicate"],
-            deliveries=counts["deliveries"],
-            unexpected_worker_exits=self.pool.unexpected_exits,
-            left_in_queue=left,
-            seconds=round(time.monotonic() - self.started, 1),
-        )
-        summary["invariant_holds"] = invariant_holds(summary)
-        return summary
 
 
 def parse_args() -> argparse.Namespace:
@@ -246,7 +119,21 @@ def main() -> int:
     apply_topology(settings, load_topology())
     run_id, workdir = prepare_run(settings, args)
     store = open_store(args.dedup_url)
-    chaos = ChaosRun(args, settings, run_id, workdir)
+    command = [sys.executable, str(Path(__file__).resolve()), "--dedup-url", args.dedup_url]
+    command += ["--run-id", run_id, "--stop-file", str(workdir / "stop")]
+    command += ["--work-ms", str(args.work_ms), "--ack-batch", str(args.ack_batch)]
+    command += ["--unsafe-auto-ack"] if args.unsafe_auto_ack else []
+    command += ["--prefetch", str(args.prefetch)] if args.prefetch else []
+    plan = ChaosPlan(
+        args.messages,
+        args.kills,
+        args.workers,
+        args.duplicate_every,
+        args.publish_rate,
+        args.unsafe_auto_ack,
+        args.seed,
+    )
+    chaos = ChaosRun(plan, settings, run_id, workdir, command)
     try:
         create_ledger(store)
         closes = args.kills if args.closes is None else args.closes
@@ -330,7 +217,7 @@ def cluster_main(args: argparse.Namespace) -> int:
             f"store {store.location}"
         )
         summary = run_cluster_chaos(cluster, settings, store, plan, command, run_id, workdir, log)
-        summary["store"] = store_kind(args.dedup_url)[0]
+        summary["store"] = store.dialect
     finally:
         store.close()
     for key, value in summary.items():

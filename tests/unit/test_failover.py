@@ -13,7 +13,7 @@ from amqp_lab.consuming.delivery import DeliveryReport
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
 from lab.chaos import OutputTally
-from lab.chaos_cluster import check_addresses, portions
+from lab.chaos_cluster import check_addresses
 from lab.failover import (
     Kill,
     PublishRecord,
@@ -21,10 +21,12 @@ from lab.failover import (
     confirm_fates,
     confirmed_ids,
     failover_holds,
+    first_confirm,
     kill_reports,
     outstanding_at,
     resume_time,
 )
+from lab.leader_kills import portions
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +46,32 @@ def test_resume_time_skips_deliveries_begun_before_the_kill_or_within_the_guard(
     assert resume_time(KILL_AT, settled, guard=0.0) == 0.04
     assert resume_time(KILL_AT, settled[:3]) is None  # the consumers never resumed
     assert resume_time(KILL_AT, []) is None
+
+
+def test_a_settlement_that_did_not_stand_is_no_resume() -> None:
+    """A worker on the killed node reports a delivery it read before its socket closed; the
+    broker never got the basic.ack and redelivers the message later: not a resume."""
+    settled = [
+        Settled(100.08, 100.10, False, "m-1"),  # stale: m-1 comes back redelivered
+        Settled(100.50, 100.55, False, "m-2"),  # the first that stood
+        Settled(100.60, 100.65, True, "m-1"),
+        Settled(100.70, 100.72, False, "m-3"),  # a deliberate duplicate's first copy ...
+        Settled(100.80, 100.82, False, "m-3"),  # ... and its second: both stand
+    ]
+    assert resume_time(KILL_AT, settled) == 0.55
+    assert resume_time(KILL_AT, [s for s in settled if s.message_id != "m-2"]) == 0.65
+    assert resume_time(KILL_AT, settled[3:]) == 0.72
+
+
+def test_first_confirm_counts_only_publishes_handed_over_after_the_kill() -> None:
+    records = [
+        PublishRecord("old", 99.9, 100.4, True),  # outstanding at the kill: not this one
+        PublishRecord("failed", 100.1, 100.5, False),
+        PublishRecord("new", 100.2, 107.3, True),
+        PublishRecord("newer", 100.3, 107.2, True),
+    ]
+    assert first_confirm(records, KILL_AT) == 7.2
+    assert first_confirm(records[:2], KILL_AT) is None
 
 
 def test_outstanding_publishes_are_those_handed_over_and_not_resolved_at_the_kill() -> None:
@@ -88,7 +116,7 @@ def test_a_message_is_confirmed_when_one_of_its_publishes_is() -> None:
 
 
 def reports(*kills: Kill) -> list[dict[str, object]]:
-    records = [PublishRecord("x", 99.9, 100.8, True, 0)]
+    records = [PublishRecord("x", 99.9, 100.8, True, 0), PublishRecord("y", 100.2, 100.9, True, 0)]
     settled = [Settled(100.6, 100.7, True), Settled(150.0, 150.1, True), Settled(200.9, 201.0)]
     return [
         r | {"leader_after": "rabbit@rmq2", "publishing": True, "consuming": True}
@@ -105,6 +133,7 @@ def test_kill_reports_say_whether_the_kill_hit_the_leader_and_when_consumers_res
             "leader_before": "rabbit@rmq1",
             "hit_leader": True,
             "resume_s": 0.7,
+            "first_confirm_s": 0.9,  # y, handed over after the kill
             "redelivered": 2,  # settled before the next kill
             "outstanding": 1,
             "confirmed_later": 1,
@@ -121,6 +150,7 @@ def test_kill_reports_say_whether_the_kill_hit_the_leader_and_when_consumers_res
             "leader_before": "rabbit@rmq3",
             "hit_leader": False,
             "resume_s": 1.0,
+            "first_confirm_s": None,
             "redelivered": 0,
             "outstanding": 0,
             "confirmed_later": 0,
@@ -183,4 +213,4 @@ def test_the_tally_keeps_the_settlement_times_of_each_report(tmp_path: Path) -> 
     )
     tally = OutputTally()
     assert tally.update([out]) == 3
-    assert tally.settled == [Settled(10.25, 10.5, True), Settled(None, 11.0)]
+    assert tally.settled == [Settled(10.25, 10.5, True, "a"), Settled(None, 11.0, False, "a")]
