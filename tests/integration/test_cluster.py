@@ -143,7 +143,7 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     cluster: Cluster, cvhost: str
 ) -> None:
     declare_quorum_queue(cluster.node_settings(1, cvhost))
-    info = cluster.wait_queue_online(cvhost, QUEUE)
+    info = cluster.wait_queue_online(cvhost, QUEUE, 120)
     assert info["type"] == "quorum" and len(info["members"]) == 3
     leader = cluster.node_for(info["leader"])
     survivor = other(cluster, leader)
@@ -164,14 +164,14 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     assert consumed_ids(cluster.node_settings(survivor, cvhost)) == Counter(ids)
 
     assert cluster.restart(leader)
-    cluster.wait_queue_online(cvhost, QUEUE)
+    cluster.wait_queue_online(cvhost, QUEUE, 120)
 
 
 def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     cluster: Cluster, cvhost: str
 ) -> None:
     declare_quorum_queue(cluster.node_settings(1, cvhost))
-    leader = cluster.node_for(cluster.wait_queue_online(cvhost, QUEUE)["leader"])
+    leader = cluster.node_for(cluster.wait_queue_online(cvhost, QUEUE, 120)["leader"])
     follower = other(cluster, leader)
     steady = other(cluster, leader, follower)  # stays up throughout
     via_steady = cluster.node_settings(steady, cvhost)
@@ -188,14 +188,14 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     restarted_at = time.monotonic()
     assert cluster.restart(follower)
     rejoined = time.monotonic() - restarted_at
-    cluster.wait_queue_online(cvhost, QUEUE)
+    cluster.wait_queue_online(cvhost, QUEUE, 120)
 
     def caught_up() -> list[dict[str, Any]] | None:
         members = cluster.quorum_status(cvhost, QUEUE, steady)
         marks = {(m["Commit Index"], m["Last Applied"]) for m in members}
         return members if len(members) == 3 and len(marks) == 1 else None
 
-    members = wait_for(caught_up, 60, 1.0, "every member at the same commit index")
+    members = wait_for(caught_up, 120, 1.0, "every member at the same commit index")
     print(
         f"{follower.nodename} rejoined {rejoined:.2f}s after start, caught up "
         f"{time.monotonic() - restarted_at:.2f}s after start: {members}"
