@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = {
     "3.10": ("rabbitmq:3.10-management", "amqp-lab/rabbitmq:bookworm", "bookworm"),
     "4.0": ("rabbitmq:4.0-management", "amqp-lab/rabbitmq:trixie", "trixie"),
+    "4.3": ("rabbitmq:4.3-management", "amqp-lab/rabbitmq:sid", "sid"),
 }
 DEFAULT_VERSION = "3.10"
 

@@ -18,7 +18,15 @@ from typing import Any
 
 from amqp_lab.errors import AmqpLabError, ConfigurationError
 from amqp_lab.settings import BrokerSettings, mask_url
-from amqp_lab.topology import DEFAULT_TOPOLOGY, Topology, load_topology
+from amqp_lab.topology import (
+    DEFAULT_DELIVERY_LIMIT,
+    DEFAULT_TOPOLOGY,
+    QUEUE_TYPES,
+    QueueType,
+    Topology,
+    load_topology,
+    with_queue_type,
+)
 
 __all__ = [
     "EXIT_ALERT",
@@ -26,6 +34,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_UNROUTABLE",
+    "add_queue_type_option",
     "add_topology_option",
     "load_callable",
     "run",
@@ -97,9 +106,33 @@ def add_topology_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_queue_type_option(parser: argparse.ArgumentParser) -> None:
+    """``--queue-type classic|quorum`` and ``--delivery-limit N``: the topology's queues as
+    declared in the file, or their quorum variant (:func:`amqp_lab.topology.with_queue_type`)."""
+    parser.add_argument(
+        "--queue-type",
+        choices=QUEUE_TYPES,
+        default="classic",
+        help="classic: the queues as the file declares them (default); quorum: replicated "
+        "quorum queues with at-least-once dead-lettering (docs/topology.md)",
+    )
+    parser.add_argument(
+        "--delivery-limit",
+        type=int,
+        default=DEFAULT_DELIVERY_LIMIT,
+        metavar="N",
+        help="quorum only: the work and wait queues' broker-side delivery limit "
+        f"(default {DEFAULT_DELIVERY_LIMIT})",
+    )
+
+
 def topology_from(args: argparse.Namespace) -> Topology:
-    """The topology ``--topology`` names; raises TopologyError (one line) when it is bad."""
-    return load_topology(Path(args.topology))
+    """The topology ``--topology`` names, of the ``--queue-type`` asked for when the command
+    has that option; raises TopologyError (one line) when it is bad."""
+    topology = load_topology(Path(args.topology))
+    queue_type: QueueType = getattr(args, "queue_type", "classic")
+    limit = getattr(args, "delivery_limit", DEFAULT_DELIVERY_LIMIT)
+    return with_queue_type(topology, queue_type, limit)
 
 
 def load_callable(spec: str) -> Any:

@@ -10,12 +10,13 @@ import argparse
 from amqp_lab.cli.common import (
     EXIT_ALERT,
     EXIT_OK,
+    add_queue_type_option,
     add_topology_option,
     run,
     settings_from_env,
     topology_from,
 )
-from amqp_lab.topology import apply_topology, verify_topology
+from amqp_lab.topology import apply_topology, queue_type_of, verify_topology
 
 __all__ = ["entry", "main"]
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verify", action="store_true", help="compare live vhost with the data")
     add_topology_option(parser)
+    add_queue_type_option(parser)
     args = parser.parse_args(argv)
     topology = topology_from(args)
     settings = settings_from_env("amqp-lab setup_topology")
@@ -36,13 +38,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drift: {line}")
         if drift:
             return EXIT_ALERT
-        print(f"vhost {settings.vhost!r}: topology in sync ({settings.masked_url})")
+        print(
+            f"vhost {settings.vhost!r}: {queue_type_of(topology)} topology in sync "
+            f"({settings.masked_url})"
+        )
         return EXIT_OK
     report = apply_topology(settings, topology)
     for name in report.created:
         print(f"created {name}")
     print(
-        f"vhost {settings.vhost!r}: {len(report.created)} created, "
+        f"vhost {settings.vhost!r}: {queue_type_of(topology)} topology, "
+        f"{len(report.created)} created, "
         f"{len(report.unchanged)} unchanged ({settings.masked_url})"
     )
     return EXIT_OK

@@ -39,7 +39,7 @@ from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
-from amqp_lab.consuming.settling import Settler
+from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import (
@@ -260,14 +260,14 @@ class Consumer:
                 self._start(connection, channel, units, pending)
             elif pending:  # a stop was asked for: nothing more starts
                 for method, _, _ in pending:
-                    channel.basic_reject(method.delivery_tag, requeue=True)
+                    hand_back(channel, method.delivery_tag)
             self._settle_all(connection, channel, units)
             return False
         self.state = State.DRAINING
-        channel.cancel()  # basic.cancel; deliveries pika holds go back (basic.reject requeue)
+        cancel_handing_back(channel)  # basic.cancel; what pika holds goes back (nack requeue)
         self._settle_all(connection, channel, units)
         for method, _, _ in pending:  # collected, never started: back to the queue
-            channel.basic_reject(method.delivery_tag, requeue=True)
+            hand_back(channel, method.delivery_tag)
         return True
 
     def _start(
@@ -280,7 +280,8 @@ class Consumer:
         """Wait for room among the ``concurrency`` units in flight (settling finished ones
         meanwhile), decode ``deliveries`` into a unit and hand it to a handler thread. A stop
         asked for while waiting starts nothing more: the deliveries go back to the queue
-        (basic.reject requeue), as everything prefetched but not started does on a drain.
+        (basic.nack requeue: :func:`hand_back`), as everything prefetched but not started does on a
+        drain.
 
         A unit holding a redelivered delivery runs alone, with no other unit in flight: if its
         handler kills the process, the broker redelivers only it, and the redelivery count that
@@ -292,7 +293,7 @@ class Consumer:
             self._settle_done(connection, channel, units, block=True)
             if self._stop.is_set():
                 for method, _, _ in deliveries:
-                    channel.basic_reject(method.delivery_tag, requeue=True)
+                    hand_back(channel, method.delivery_tag)
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp_lab.consuming.settlement import attempt_number
+from amqp_lab.consuming.settlement import attempt_number, broker_returns
 from amqp_lab.errors import InvalidMessage
 from amqp_lab.message import Task, decode_body, header_attempts, properties_of
 from amqp_lab.retry.policy import RetryPolicy
@@ -141,12 +141,13 @@ def _decode(
     header_error = getattr(properties, "header_error", None)
     if header_error:
         raise InvalidMessage(f"headers cannot be decoded: {header_error}")
+    returns = broker_returns(d.headers, d.redelivered)
     try:
         attempts_before = header_attempts(d.headers)
     finally:
         # even with a bad attempts header, the delivery's number is known for the report
-        d.attempt = attempt_number(0, d.redelivered, policy)
-    d.attempt = attempt_number(attempts_before, d.redelivered, policy)
+        d.attempt = attempt_number(0, d.redelivered, policy, returns)
+    d.attempt = attempt_number(attempts_before, d.redelivered, policy, returns)
     if d.message_id is None:
         if isinstance(message_id, bytes):
             raise InvalidMessage("message_id property is not UTF-8")

@@ -11,7 +11,7 @@ handler result            first delivery              redelivered (attempt 2)
 ========================  ==========================  ============================
 success                   ack (processed)             ack (processed)
 business error            dead-letter, attempts=1     dead-letter, attempts=2
-transient / unknown       nack(requeue=True)          dead-letter, attempts=2
+transient / unknown       reject(requeue=True)        dead-letter, attempts=2
 poison                    (never first)               dead-letter, handler not run
 ========================  ==========================  ============================
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from amqp_lab.errors import BusinessError, PoisonMessage, TransientError
 from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
@@ -40,6 +41,7 @@ __all__ = [
     "Outcome",
     "Settlement",
     "attempt_number",
+    "broker_returns",
     "classify",
     "decide",
 ]
@@ -61,7 +63,7 @@ class Action(StrEnum):
     """How the delivery is settled on the channel."""
 
     ACK = "ack"
-    REQUEUE = "requeue"  # basic.nack(requeue=True)
+    REQUEUE = "requeue"  # basic.reject(requeue=True): counted by a quorum queue on every version
     RETRY_LATER = "retry-later"  # copy to a wait queue (confirmed), then ack
     DEAD_LETTER = "dead-letter"  # DLQ record (confirmed) then ack, or basic.reject(requeue=False)
 
@@ -94,16 +96,40 @@ def classify(error: BaseException | None) -> Outcome:
     return Outcome.UNKNOWN
 
 
+def broker_returns(headers: dict[Any, Any], redelivered: bool) -> int:
+    """How often the broker has had this message back since it was published (pure): a quorum
+    queue's ``x-delivery-count`` header on a redelivered delivery, else 1 for a redelivered
+    delivery (the flag is a hint, not a counter: amqplib #293) and 0 for a first one.
+
+    What a quorum queue counts depends on the version
+    (https://www.rabbitmq.com/docs/quorum-queues#poison-message-handling): up to 4.2 every
+    return (basic.nack, basic.reject, a lost consumer); from 4.3 only basic.reject and a lost
+    consumer, not basic.nack (``x-acquired-count`` counts them all). The consumer requeues a
+    failure with basic.reject, so a failure is counted under both rules and the count means
+    the same on every version; what is merely handed back unstarted (a drain) goes back with
+    basic.nack, which 4.3 does not count. A header on a first delivery is the publisher's,
+    not the broker's, and is ignored; a value that is not a non-negative integer counts as 1."""
+    if not redelivered:
+        return 0
+    count = headers.get("x-delivery-count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        return 1
+    return count
+
+
 def attempt_number(
-    header_attempts: int, redelivered: bool, policy: RetryPolicy = REQUEUE_ONCE
+    header_attempts: int, redelivered: bool, policy: RetryPolicy = REQUEUE_ONCE, returns: int = 0
 ) -> int:
     """The 1-based number of this delivery. Our ``attempts`` header counts the failures already
-    settled by republishing. In ``requeue`` mode a broker redelivery (nack requeue, lost
-    consumer) adds one; in ``backoff`` mode the redelivered flag is ignored: it is a hint, not a
-    counter."""
+    settled by republishing. In ``requeue`` mode each broker return (:func:`broker_returns`:
+    a requeue, a lost consumer; at least one when ``redelivered``) adds one; in ``backoff`` mode
+    broker returns are ignored: failures are counted by republishing, and a lost consumer's
+    redeliveries by the dedup store's poison count."""
     if policy.mode == "backoff":
         return header_attempts + 1
-    return header_attempts + 1 + (1 if redelivered else 0)
+    if redelivered:
+        returns = max(returns, 1)
+    return header_attempts + 1 + returns
 
 
 def decide(

@@ -1,5 +1,5 @@
 """Settlement on the delivering channel, after the unit's commit: basic.ack (one
-basic.ack(multiple=True) for a batch when it is safe), basic.nack(requeue=True), a confirmed
+basic.ack(multiple=True) for a batch when it is safe), basic.reject(requeue=True), a confirmed
 retry copy into a wait queue, a confirmed DLQ record (or basic.reject to the DLX), or - when
 the DLQ takes nothing - the delivery parked (left unacked until the connection ends).
 
@@ -28,9 +28,31 @@ from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage
 from amqp_lab.message import FIRST_SEEN_HEADER
 from amqp_lab.retry.broker_held import retry_copy, retry_wait
 
-__all__ = ["Settler"]
+__all__ = ["Settler", "cancel_handing_back", "hand_back"]
 
 log = logging.getLogger(__name__)
+
+
+def hand_back(channel: Any, delivery_tag: int) -> None:
+    """Give a delivery that was never started back to the queue: basic.nack(requeue=True).
+    Not a failure, so not a reject: from RabbitMQ 4.3 a quorum queue does not count a nack
+    toward ``x-delivery-count`` and the delivery limit (before 4.3 it counts every return)."""
+    channel.basic_nack(delivery_tag, requeue=True)
+
+
+def cancel_handing_back(channel: Any) -> None:
+    """basic.cancel the consumer of pika's consume generator, handing back (:func:`hand_back`)
+    the deliveries pika received but the consumer never took. pika's ``cancel()`` alone gives
+    them back with basic.reject, which a RabbitMQ 4.3+ quorum queue counts as a failed
+    delivery: every drain would bring up to ``prefetch`` innocent messages closer to the
+    delivery limit. Deliveries that arrive after the basic.cancel are still rejected by pika
+    (nothing on the client can take them back otherwise)."""
+    generator = getattr(channel, "_queue_consumer_generator", None)
+    events = getattr(generator, "pending_events", None)
+    if events is not None:  # pika 1.x keeps them in a deque; else pika's cancel() does it
+        for _ in range(channel.get_waiting_message_count()):
+            hand_back(channel, events.popleft().method.delivery_tag)
+    channel.cancel()
 
 
 class Settler:
@@ -107,7 +129,9 @@ class Settler:
             first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
         )
         if settlement.action is Action.REQUEUE:
-            self.settle(channel, lambda: channel.basic_nack(tag, requeue=True), d)
+            # basic.reject, not basic.nack: RabbitMQ 4.3+ quorum queues count only a reject
+            # toward x-delivery-count and the delivery limit (settlement.broker_returns)
+            self.settle(channel, lambda: channel.basic_reject(tag, requeue=True), d)
             return d.report("requeued", settlement.attempts)
         if settlement.action is Action.RETRY_LATER:
             assert d.message_id is not None

@@ -86,7 +86,7 @@ class Backoff:
 class RetryPolicy:
     """How transient failures are retried.
 
-    ``requeue``: one immediate broker redelivery (basic.nack requeue), then the DLQ.
+    ``requeue``: one immediate broker redelivery (basic.reject requeue), then the DLQ.
     ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
     ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
     ``base`` and ``cap`` are in seconds.

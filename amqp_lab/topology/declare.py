@@ -23,6 +23,7 @@ from amqp_lab.topology.model import (
     expected_policy_per_queue,
     policy_matches,
 )
+from amqp_lab.topology.queue_type import for_broker
 
 __all__ = ["ApplyReport", "apply_topology"]
 
@@ -44,7 +45,8 @@ def apply_topology(
 ) -> ApplyReport:
     """Declare exchanges, queues and bindings over AMQP, then PUT the policies, in the URL's vhost.
 
-    Then waits up to ``policy_wait`` seconds until the management API shows each queue's policy
+    The topology is first adapted to the broker's version (:func:`for_broker`). Then waits up to
+    ``policy_wait`` seconds until the management API shows each queue's policy
     as effective, so a --verify right after passes. Idempotent: what already exists with equal
     properties is left alone and reported unchanged.
     Raises PreconditionFailed naming the queue or exchange and the inequivalent argument when the
@@ -54,6 +56,7 @@ def apply_topology(
     report = ApplyReport()
     vhost = settings.vhost
     with ManagementClient(settings) as api:
+        topology = for_broker(topology, str(api.overview().get("rabbitmq_version", "")))
         live_bindings = {binding_key(b) for b in api.bindings(vhost)}
         existing = {
             ("exchange", e.name): api.exchange(vhost, e.name) is not None

@@ -15,6 +15,7 @@ from amqp_lab.topology.model import (
     expected_policy_per_queue,
     policy_matches,
 )
+from amqp_lab.topology.queue_type import for_broker
 
 __all__ = ["live_queue_arguments", "verify_topology"]
 
@@ -24,7 +25,8 @@ def verify_topology(
 ) -> list[str]:
     """Compare the live vhost with the data through the management API; return drift lines
     (empty when in sync). Checks exchange type and durability, queue durability and arguments,
-    bindings, policies, and each queue's *effective* policy (the one RabbitMQ applied).
+    bindings, policies, and each queue's *effective* policy (the one RabbitMQ applied), with the
+    topology adapted to the broker's version (:func:`for_broker`).
 
     A queue's effective policy is reported by the statistics the broker emits, which are empty
     for a few seconds after a policy change or a broker restart; while some queue shows no
@@ -45,6 +47,7 @@ def _verify_once(settings: BrokerSettings, topology: Topology) -> list[str]:
     drift: list[str] = []
     vhost = settings.vhost
     with ManagementClient(settings) as api:
+        topology = for_broker(topology, str(api.overview().get("rabbitmq_version", "")))
         for exchange in topology.exchanges:
             live = api.exchange(vhost, exchange.name)
             if live is None:

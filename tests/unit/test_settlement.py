@@ -12,11 +12,12 @@ from amqp_lab.consuming.settlement import (
     Outcome,
     Settlement,
     attempt_number,
+    broker_returns,
     classify,
     decide,
 )
 from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
-from amqp_lab.retry.policy import RetryPolicy
+from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -243,3 +244,42 @@ def test_poison_is_dead_lettered_in_backoff_mode_too() -> None:
     assert decide(Outcome.POISON, 1, True, policy) == Settlement(
         Action.DEAD_LETTER, 1, Outcome.POISON
     )
+
+
+# --- broker_returns: x-delivery-count of quorum queues ------------------------------------------
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "returns"),
+    [
+        pytest.param({}, False, 0, id="first-delivery"),
+        pytest.param({}, True, 1, id="classic-redelivery-flag-only"),
+        pytest.param({"x-delivery-count": 1}, True, 1, id="quorum-once"),
+        pytest.param({"x-delivery-count": 4}, True, 4, id="quorum-four-returns"),
+        pytest.param({"x-delivery-count": 7}, False, 0, id="publisher-set-on-first-delivery"),
+        pytest.param({"x-delivery-count": "3"}, True, 1, id="string-is-not-a-count"),
+        pytest.param({"x-delivery-count": True}, True, 1, id="bool-is-not-a-count"),
+        pytest.param({"x-delivery-count": -2}, True, 1, id="negative"),
+        pytest.param({"x-delivery-count": 0}, True, 1, id="zero-yet-redelivered"),
+    ],
+)
+def test_broker_returns(headers: dict[str, object], redelivered: bool, returns: int) -> None:
+    assert broker_returns(headers, redelivered) == returns
+
+
+@pytest.mark.parametrize(
+    ("header_attempts", "redelivered", "returns", "attempt"),
+    [
+        (0, True, 3, 4),  # three counted returns: this is the fourth delivery
+        (0, True, 0, 2),  # redelivered always means at least one return
+        (2, True, 2, 5),
+        (0, False, 0, 1),
+    ],
+)
+def test_attempt_number_counts_quorum_returns_in_requeue_mode(
+    header_attempts: int, redelivered: bool, returns: int, attempt: int
+) -> None:
+    assert attempt_number(header_attempts, redelivered, REQUEUE_ONCE, returns) == attempt
+
+
+def test_attempt_number_ignores_broker_returns_in_backoff_mode() -> None:
+    policy = RetryPolicy("backoff", max_attempts=5)
+    assert attempt_number(2, True, policy, 4) == 3
