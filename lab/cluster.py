@@ -168,6 +168,35 @@ class Cluster:
         leader = None if info is None else info.get("leader")
         return str(leader) if leader else None
 
+    def wait_queue_online(self, vhost: str, queue: str, timeout: float = 60) -> dict[str, Any]:
+        """Poll the management API until the quorum queue has every node as a member, all of
+        them ``online``, and a leader; its info. ClusterError after ``timeout`` seconds."""
+        want = sorted(n.nodename for n in self.nodes)
+        found: dict[str, Any] = {}
+
+        def online() -> bool:
+            info = self.queue_info(vhost, queue) or {}
+            found.clear()
+            found.update(info)
+            members, up = sorted(info.get("members", [])), sorted(info.get("online", []))
+            return members == want == up and bool(info.get("leader"))
+
+        _poll(online, time.monotonic() + timeout, f"{queue} has {want} online", 0.25)
+        return found
+
+    def wait_new_leader(self, vhost: str, queue: str, old: str, timeout: float = 60) -> str:
+        """Poll the management API until the quorum queue names a leader other than ``old``
+        (a node name); that leader. ClusterError after ``timeout`` seconds."""
+        leader: list[str] = []
+
+        def elected() -> bool:
+            name = self.queue_leader(vhost, queue)
+            leader[:] = [name] if name else []
+            return name not in (None, old)
+
+        _poll(elected, time.monotonic() + timeout, f"{queue} has a leader other than {old}", 0.1)
+        return leader[0]
+
     # --- lifecycle -----------------------------------------------------------------------------
     def is_clustered(self) -> bool:
         """True when every node's container runs and every node lists all nodes as running."""

@@ -116,15 +116,16 @@ class NodeContainers:
         return container
 
     def exec(self, node: ClusterNode, argv: list[str]) -> str:
-        """Run ``argv`` in the node's container; its output. ClusterError on a non-zero exit."""
+        """Run ``argv`` in the node's container; its stdout (stderr apart, so a CLI warning
+        never mixes into JSON output). ClusterError with the output's tail on a non-zero exit."""
         container = self.running(node)
         with docker_errors(f"{argv[0]} on {node.nodename}"):
-            code, output = container.exec_run(argv)
-        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+            code, (stdout, stderr) = container.exec_run(argv, demux=True)
+        out, err = (b.decode(errors="replace") if b else "" for b in (stdout, stderr))
         if code != 0:
-            tail = " ".join(text.split())[-400:]
+            tail = " ".join((out + " " + err).split())[-400:]
             raise ClusterError(f"{' '.join(argv)} on {node.nodename} exited {code}: {tail}")
-        return text
+        return out
 
     def ensure_image(self) -> None:
         """ClusterError saying how to build the image when it is absent."""

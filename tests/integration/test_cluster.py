@@ -74,20 +74,6 @@ def declare_quorum_queue(settings: BrokerSettings) -> None:
         channel.queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
 
 
-def wait_all_online(cluster: Cluster, vhost: str, timeout: float = 60) -> dict[str, Any]:
-    """Poll the management API until the queue has every node as a member and all online."""
-    want = sorted(n.nodename for n in cluster.nodes)
-
-    def check() -> dict[str, Any] | None:
-        info = cluster.queue_info(vhost, QUEUE)
-        if info and sorted(info.get("members", [])) == want == sorted(info.get("online", [])):
-            return info
-        return None
-
-    found: dict[str, Any] = wait_for(check, timeout, 0.5, f"{QUEUE} members {want} all online")
-    return found
-
-
 def publish_confirmed(settings: BrokerSettings, ids: list[str]) -> None:
     """Publish ``ids`` to the quorum queue with publisher confirms; every one must be acked."""
     messages = [OutgoingMessage(b"{}", message_id=i, routing_key=QUEUE) for i in ids]
@@ -157,7 +143,7 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     cluster: Cluster, cvhost: str
 ) -> None:
     declare_quorum_queue(cluster.node_settings(1, cvhost))
-    info = wait_all_online(cluster, cvhost)
+    info = cluster.wait_queue_online(cvhost, QUEUE, 120)
     assert info["type"] == "quorum" and len(info["members"]) == 3
     leader = cluster.node_for(info["leader"])
     survivor = other(cluster, leader)
@@ -167,11 +153,7 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     killed_at = time.monotonic()
     cluster.kill(leader)
 
-    def new_leader() -> str | None:
-        name = cluster.queue_leader(cvhost, QUEUE)
-        return name if name not in (None, leader.nodename) else None
-
-    elected = wait_for(new_leader, 60, 0.2, f"a leader other than {leader.nodename}")
+    elected = cluster.wait_new_leader(cvhost, QUEUE, leader.nodename)
     print(f"new leader {elected} {time.monotonic() - killed_at:.2f}s after SIGKILL")
     states = {
         m["Node Name"]: m["Raft State"] for m in cluster.quorum_status(cvhost, QUEUE, survivor)
@@ -182,14 +164,14 @@ def test_leader_kill_elects_a_new_leader_and_keeps_every_confirmed_message(
     assert consumed_ids(cluster.node_settings(survivor, cvhost)) == Counter(ids)
 
     assert cluster.restart(leader)
-    wait_all_online(cluster, cvhost)
+    cluster.wait_queue_online(cvhost, QUEUE, 120)
 
 
 def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     cluster: Cluster, cvhost: str
 ) -> None:
     declare_quorum_queue(cluster.node_settings(1, cvhost))
-    leader = cluster.node_for(wait_all_online(cluster, cvhost)["leader"])
+    leader = cluster.node_for(cluster.wait_queue_online(cvhost, QUEUE, 120)["leader"])
     follower = other(cluster, leader)
     steady = other(cluster, leader, follower)  # stays up throughout
     via_steady = cluster.node_settings(steady, cvhost)
@@ -206,14 +188,14 @@ def test_a_node_that_comes_back_rejoins_and_its_replica_catches_up(
     restarted_at = time.monotonic()
     assert cluster.restart(follower)
     rejoined = time.monotonic() - restarted_at
-    wait_all_online(cluster, cvhost)
+    cluster.wait_queue_online(cvhost, QUEUE, 120)
 
     def caught_up() -> list[dict[str, Any]] | None:
         members = cluster.quorum_status(cvhost, QUEUE, steady)
         marks = {(m["Commit Index"], m["Last Applied"]) for m in members}
         return members if len(members) == 3 and len(marks) == 1 else None
 
-    members = wait_for(caught_up, 60, 1.0, "every member at the same commit index")
+    members = wait_for(caught_up, 120, 1.0, "every member at the same commit index")
     print(
         f"{follower.nodename} rejoined {rejoined:.2f}s after start, caught up "
         f"{time.monotonic() - restarted_at:.2f}s after start: {members}"
