@@ -25,6 +25,7 @@ from amqp_lab.consuming.delivery import DeliveryReport
 from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.errors import DedupStoreError
 from amqp_lab.message import Task
+from lab.failover import Settled
 
 T = TypeVar("T")
 
@@ -111,12 +112,14 @@ def plan_events(rng: random.Random, messages: int, kills: int, closes: int) -> l
 
 
 class OutputTally:
-    """Counts the chaos workers' reports (one ``DeliveryReport.as_dict()`` JSON object per line)
-    in worker output files, reading only what was appended since the last call; a line cut short
-    by a SIGKILL is ignored."""
+    """Counts the chaos workers' reports (one ``DeliveryReport.as_dict()`` JSON object per line,
+    with ``at``: settled, and ``started``: the handler's start, in epoch seconds) in worker
+    output files, reading only what was appended since the last call; a line cut short by a
+    SIGKILL is ignored. ``settled`` keeps the times of each report (lab.failover)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.settled: list[Settled] = []
         self._offsets: dict[Path, int] = {}
 
     def update(self, paths: Iterable[Path]) -> int:
@@ -139,9 +142,14 @@ class OutputTally:
         if not line.startswith("{"):
             return
         try:
-            report = DeliveryReport.from_dict(json.loads(line))
+            data = json.loads(line)
+            report = DeliveryReport.from_dict(data)
         except (ValueError, KeyError, TypeError):
             return
+        at, started = data.get("at"), data.get("started")
+        if isinstance(at, int | float):
+            began = started if isinstance(started, int | float) else None
+            self.settled.append(Settled(began, at, report.redelivered, report.message_id))
         self.counts["deliveries"] += 1
         self.counts[f"outcome:{report.outcome}"] += 1
         if report.redelivered:

@@ -134,6 +134,18 @@ class WorkerPool:
                 proc.kill()
                 proc.wait(10)
 
+    def drain(self, stop_file: Path, depth: Callable[[], int]) -> int:
+        """Touch ``stop_file``, wait until every worker exited idle, start them again while
+        ``depth()`` (messages in the work queue) is not 0, five rounds at most. Returns the
+        messages left (0 when drained)."""
+        stop_file.touch()
+        for _ in range(5):
+            self.wait_all(120)
+            if depth() == 0:
+                return 0
+            self.start_all()
+        return depth()
+
     def kill_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

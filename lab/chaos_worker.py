@@ -33,8 +33,46 @@ QUEUE = NAMES.queue
 IDLE_EXIT = 1.0  # seconds without a delivery before checking the stop file
 
 
-def report(r: DeliveryReport) -> None:
-    print(json.dumps(r.as_dict()), flush=True)  # read back by lab.chaos.OutputTally
+def report(r: DeliveryReport, started: float | None = None) -> None:
+    """One output line: the report, ``at`` (now) and ``started`` (when the worker began the
+    delivery's dedup transaction), epoch seconds; read back by lab.chaos.OutputTally."""
+    print(json.dumps(r.as_dict() | {"at": time.time(), "started": started}), flush=True)
+
+
+class TimedStore:
+    """A dedup store noting in ``started`` when the worker began each delivery's dedup
+    transaction (epoch seconds, by message_id): right after the delivery reached it, before
+    any wait for the store's lock - the worker's view of when the broker delivered it. Every
+    call goes to ``store``."""
+
+    def __init__(self, store: ManagedDedupStore, started: dict[str, float]) -> None:
+        self.store, self.started = store, started
+
+    def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
+        self.started[message_id] = time.time()
+        return self.store.process_once(message_id, work)
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        now = time.time()
+        self.started.update((message_id, now) for message_id, _ in batch)
+        return self.store.process_batch(batch)
+
+    def first_seen(self, message_id: str, now: float) -> float:
+        return self.store.first_seen(message_id, now)
+
+    def note_redelivery(self, message_id: str, now: float) -> int:
+        return self.store.note_redelivery(message_id, now)
+
+    def reset_redeliveries(self, message_id: str) -> None:
+        self.store.reset_redeliveries(message_id)
+
+    def is_processed(self, message_id: str) -> bool:
+        return self.store.is_processed(message_id)
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def consume_auto_ack(
@@ -70,9 +108,10 @@ def consume_auto_ack(
                 redelivered=bool(method.redelivered),
                 attempt=1,
             )
+            started = time.time()
             done = store.process_once(task.message_id, functools.partial(handler, task))
             outcome = "processed" if done else "duplicate"
-            report(DeliveryReport(task.message_id, outcome, 1, task.redelivered))
+            report(DeliveryReport(task.message_id, outcome, 1, task.redelivered), started)
         channel.cancel()
     except (pe.AMQPError, OSError) as e:
         print(f"auto-ack worker lost its connection: {e!r}", file=sys.stderr, flush=True)
@@ -88,16 +127,24 @@ def run_worker(
     stop_file: Path,
     unsafe_auto_ack: bool = False,
     work_seconds: float = 0.0,
-    prefetch: int = 10,
+    prefetch: int | None = None,
     ack_batch: int = 1,
 ) -> int:
     """Consume until idle with the stop file present; return the exit code (0). With
-    ``ack_batch`` > 1 the store's process_batch covers each batch (prefetch: 2 * ack_batch)."""
+    ``ack_batch`` > 1 the store's process_batch covers each batch. ``prefetch`` (basic.qos):
+    by default the larger of 10 and 2 * ack_batch. Each report line carries the time the
+    delivery's dedup transaction began (:class:`TimedStore`, for lab.failover)."""
     store = open_store(dedup_url)
+    started: dict[str, float] = {}
+    timed = TimedStore(store, started)
     handler = ledger_handler(run_id, name, work_seconds)
+
+    def on_report(r: DeliveryReport) -> None:
+        report(r, started.pop(r.message_id, None) if r.message_id else None)
+
     config = ConsumerConfig(
         NAMES,
-        prefetch=max(prefetch, 2 * ack_batch),
+        prefetch=max(10, 2 * ack_batch) if prefetch is None else prefetch,
         ack_batch=ack_batch,
         idle_exit=IDLE_EXIT,
         reconnect_attempts=30,
@@ -107,7 +154,7 @@ def run_worker(
             if unsafe_auto_ack:
                 consume_auto_ack(settings, store, handler)
             else:
-                Consumer(settings, handler, store, config, on_report=report).run()
+                Consumer(settings, handler, timed, config, on_report=on_report).run()
             if stop_file.exists():
                 return 0
     finally:

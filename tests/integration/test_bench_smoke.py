@@ -5,38 +5,48 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
+from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from tests.support import ROOT, script_env
 
 pytestmark = pytest.mark.integration
 
+BENCH = str(ROOT / "benchmarks" / "bench.py")
 
-@pytest.mark.timeout(240)
-def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench.py"),
-            "--messages",
-            "400",
-            "--repeat",
-            "1",
-            "--seconds",
-            "1",
-            "--rate",
-            "200",
-            "--json",
-        ],
-        env=script_env(vhost),
+
+def run_bench(settings: BrokerSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, BENCH, *args],
+        env=script_env(settings),
         capture_output=True,
         text=True,
         timeout=200,
     )
+
+
+def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def bench_queues(settings: BrokerSettings) -> list[str]:
+    """The bench's queues (q:bench:<run>:<k>) left in the vhost."""
+    with ManagementClient(settings) as api:
+        return [q["name"] for q in api.queues(settings.vhost) if q["name"].startswith("q:bench")]
+
+
+@pytest.mark.timeout(240)
+def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
+    summary = summary_of(
+        run_bench(
+            vhost,
+            *("--messages", "400", "--repeat", "1", "--seconds", "1", "--rate", "200", "--json"),
+        )
+    )
     for key in (
         "publisher_vs_fire_and_forget",
         "publisher_vs_sync_confirms",
@@ -47,3 +57,52 @@ def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
     ):
         assert summary[key] > 0, key
     assert summary["latency_samples"] == 200
+    assert summary["queue_type"] == "classic"
+    assert summary["queue_arguments"]["x-queue-type"] == "classic"
+    assert summary["counts"]["our_consumer"] == 400
+    assert bench_queues(vhost) == []
+
+
+@pytest.mark.timeout(240)
+def test_quorum_bench_counts_every_message_of_every_path(vhost: BrokerSettings) -> None:
+    # an address list (here the one node twice): repetition i goes through address i
+    two = BrokerSettings(f"{vhost.amqp_url},{vhost.amqp_url}", vhost.management_url)
+    result = run_bench(
+        two,
+        *("--queue-type", "quorum", "--messages", "300", "--repeat", "2"),
+        *("--seconds", "1", "--rate", "200", "--json"),
+    )
+    summary = summary_of(result)
+    # the broker says the queue is a quorum queue (a classic declare of it fails with 406)
+    assert summary["queue_type"] == "quorum"
+    assert summary["queue_arguments"]["x-queue-type"] == "quorum"
+    assert "x-queue-mode" not in summary["queue_arguments"]
+    assert summary["queue_arguments"]["x-dead-letter-strategy"] == "at-least-once"
+    assert summary["queue_arguments"]["x-overflow"] == "reject-publish"
+    # two repetitions of 300 (per-message confirms: at least 500), each path saw all of them
+    assert summary["counts"] == {
+        "raw_fire_and_forget": 600,
+        "pika_sync_confirms": 1000,
+        "our_publisher": 600,
+        "raw_auto_ack_consume": 600,
+        "our_consumer": 600,
+    }
+    assert summary["latency_samples"] == 200
+    assert summary["nodes"] == 2
+    assert result.stderr.count(f"done ({vhost.host}:{vhost.port})") == 2
+    for name in ("publisher_vs_fire_and_forget", "consumer_vs_auto_ack"):
+        low, high = summary[f"{name}_range"]
+        assert 0 < low <= high, name
+    low, high = summary["our_publisher_msg_s_range"]
+    assert 0 < low <= summary["our_publisher_msg_s"] <= high
+    assert "(target >= 0.8)" in result.stdout
+    assert bench_queues(vhost) == []  # each path's queue deleted after it, the last at the end
+
+
+def test_quorum_bench_refuses_a_queue_mode_before_touching_the_broker(
+    vhost: BrokerSettings,
+) -> None:
+    result = run_bench(vhost, "--queue-type", "quorum", "--queue-mode", "lazy")
+    assert result.returncode == 2
+    assert "a quorum queue refuses x-queue-mode" in result.stderr
+    assert bench_queues(vhost) == []

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Run a three-node RabbitMQ cluster on this machine, in Docker containers (lab.cluster).
+
+    python scripts/cluster.py start|stop|status|env
+    python scripts/cluster.py kill NODE | restart NODE      (NODE: rmq2, 2 or rabbit@rmq2)
+
+``start`` creates the network and containers, joins nodes 2..N to node 1 and waits until all
+run in one cluster (already running: says so). ``kill`` is SIGKILL (docker kill); ``restart``
+starts a killed node again and waits until it is back in the cluster; ``stop`` removes the
+containers, their volumes and the network. ``env`` prints export lines for EAI_AMQP_URL and
+EAI_MGMT_URL in the comma-separated list form (use: eval "$(python scripts/cluster.py env)").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from _cli import EXIT_FAILED, EXIT_OK, run
+
+from lab.cluster import DEFAULT_IMAGE, DEFAULT_NAME, Cluster
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["start", "stop", "status", "kill", "restart", "env"])
+    parser.add_argument("node", nargs="?", help="for kill and restart: rmqN, N or rabbit@rmqN")
+    parser.add_argument("--size", type=int, default=3, help="number of nodes (default 3)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"default {DEFAULT_IMAGE}")
+    parser.add_argument("--name", default=DEFAULT_NAME, help="Docker network / container prefix")
+    parser.add_argument(
+        "--amqp-port", type=int, default=5701, help="node 1's AMQP port; node N gets +N-1"
+    )
+    parser.add_argument(
+        "--management-port", type=int, default=15701, help="node 1's management port; +N-1"
+    )
+    parser.add_argument("--vhost", default="/", help="the vhost in the env URLs (default /)")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds to wait (default 240)")
+    parser.add_argument("--config", type=Path, default=None, help="rabbitmq.conf to mount")
+    args = parser.parse_args()
+    if (args.command in ("kill", "restart")) != (args.node is not None):
+        parser.error(
+            f"{args.command} takes a NODE" if args.node is None else "NODE only for kill/restart"
+        )
+    cluster = Cluster(
+        size=args.size,
+        image=args.image,
+        amqp_port=args.amqp_port,
+        management_port=args.management_port,
+        name=args.name,
+        **({"config_file": args.config.resolve()} if args.config else {}),
+    )
+    if args.command == "env":
+        print(f"export EAI_AMQP_URL='{','.join(cluster.amqp_urls(args.vhost))}'")
+        print(f"export EAI_MGMT_URL='{','.join(cluster.management_urls())}'")
+        return EXIT_OK
+    if args.command == "status":
+        ok = True
+        for s in cluster.status():
+            n = s.node
+            members = ",".join(s.members) if s.members else "-"
+            ok = ok and s.state == "running" and len(s.members) == len(cluster.nodes)
+            print(
+                f"{n.nodename} {s.state} (amqp 127.0.0.1:{n.amqp_port}, management "
+                f"127.0.0.1:{n.management_port}) members seen: {members}"
+            )
+        return EXIT_OK if ok else EXIT_FAILED
+    started = time.monotonic()
+    if args.command == "start":
+        if not cluster.start(timeout=args.timeout):
+            print(f"cluster {args.name} is already running ({len(cluster.nodes)} nodes)")
+            return EXIT_OK
+    elif args.command == "stop":
+        cluster.stop()
+    elif args.command == "kill":
+        cluster.kill(args.node)
+    elif not cluster.restart(args.node, timeout=args.timeout):
+        print(f"node {cluster.node(args.node).nodename} is already running")
+        return EXIT_OK
+    what = f"node {cluster.node(args.node).nodename}" if args.node else f"cluster {args.name}"
+    print(f"{what}: {args.command} done in {time.monotonic() - started:.1f}s")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,97 @@
+"""lab.cluster's addresses and node names, and scripts/cluster.py's env output and argument
+errors (no Docker needed: none of these reach the engine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lab.cluster import Cluster, ClusterError
+from tests.support import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cluster.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+    )
+
+
+def test_nodes_get_consecutive_ports_and_rabbit_at_rmqN_names() -> None:
+    cluster = Cluster(amqp_port=6001, management_port=16001, name="c")
+    assert [(n.nodename, n.container, n.amqp_port, n.management_port) for n in cluster.nodes] == [
+        ("rabbit@rmq1", "c-rmq1", 6001, 16001),
+        ("rabbit@rmq2", "c-rmq2", 6002, 16002),
+        ("rabbit@rmq3", "c-rmq3", 6003, 16003),
+    ]
+
+
+@pytest.mark.parametrize("ref", [2, "2", "rmq2", "rabbit@rmq2", "amqp-lab-cluster-rmq2"])
+def test_a_node_is_found_by_index_hostname_nodename_or_container(ref: str | int) -> None:
+    cluster = Cluster()
+    assert cluster.node(ref) is cluster.nodes[1]
+    assert cluster.node_for("rabbit@rmq2") is cluster.nodes[1]
+
+
+@pytest.mark.parametrize("ref", [0, "4", "rmq4", "rabbit@other", ""])
+def test_an_unknown_node_is_a_clear_error(ref: str | int) -> None:
+    with pytest.raises(ClusterError, match=r"no cluster node .*: choose one of rmq1, rmq2, rmq3"):
+        Cluster().node(ref)
+
+
+def test_a_cluster_needs_a_node() -> None:
+    with pytest.raises(ClusterError, match="at least one node"):
+        Cluster(size=0)
+
+
+def test_settings_list_every_node_with_the_same_vhost() -> None:
+    settings = Cluster().settings("orders/eu")
+    assert settings.amqp_urls == tuple(
+        f"amqp://guest:guest@127.0.0.1:{port}/orders%2Feu" for port in (5701, 5702, 5703)
+    )
+    assert settings.management_bases == tuple(
+        f"http://127.0.0.1:{port}" for port in (15701, 15702, 15703)
+    )
+    assert [a.port for a in settings.addresses()] == [5701, 5702, 5703]
+    assert {a.vhost for a in settings.addresses()} == {"orders/eu"}
+    one = Cluster().node_settings("rmq3", "v")
+    assert (one.amqp_urls, one.management_bases) == (
+        ("amqp://guest:guest@127.0.0.1:5703/v",),
+        ("http://127.0.0.1:15703",),
+    )
+
+
+def test_env_prints_the_comma_separated_lists() -> None:
+    result = cluster_script("env", "--amqp-port", "5801", "--management-port", "15801")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "export EAI_AMQP_URL='amqp://guest:guest@127.0.0.1:5801/%2F,"
+        "amqp://guest:guest@127.0.0.1:5802/%2F,amqp://guest:guest@127.0.0.1:5803/%2F'",
+        "export EAI_MGMT_URL='http://127.0.0.1:15801,http://127.0.0.1:15802,http://127.0.0.1:15803'",
+    ]
+
+
+def test_kill_without_a_node_is_a_usage_error() -> None:
+    result = cluster_script("kill")
+    assert result.returncode == 2
+    assert "kill takes a NODE" in result.stderr
+
+
+def test_an_unknown_node_is_one_error_line() -> None:
+    result = cluster_script("restart", "rmq7")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: no cluster node 'rmq7': choose one of rmq1, rmq2, rmq3"
+
+
+def test_no_docker_engine_is_one_error_line() -> None:
+    result = cluster_script("status")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: Docker is not reachable: ")
+    assert len(result.stderr.strip().splitlines()) == 1

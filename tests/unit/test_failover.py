@@ -1,0 +1,216 @@
+"""The cluster crash test's pure parts (lab.failover): resume times, outstanding confirms and
+their fate, the per-kill report and the invariant; plus the portions of the publishing plan,
+the address check and the worker output's timestamps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.errors import ConfigurationError
+from amqp_lab.settings import BrokerSettings
+from lab.chaos import OutputTally
+from lab.chaos_cluster import check_addresses
+from lab.failover import (
+    Kill,
+    PublishRecord,
+    Settled,
+    confirm_fates,
+    confirmed_ids,
+    failover_holds,
+    first_confirm,
+    kill_reports,
+    outstanding_at,
+    resume_time,
+)
+from lab.leader_kills import portions
+
+pytestmark = pytest.mark.unit
+
+KILL_AT = 100.0
+
+
+def test_resume_time_skips_deliveries_begun_before_the_kill_or_within_the_guard() -> None:
+    settled = [
+        Settled(started=99.99, at=100.02),  # began before the kill: its tail, not a resume
+        Settled(started=100.03, at=100.04),  # began 30 ms after: was on the wire already
+        Settled(started=None, at=100.5),  # begin time unknown: not counted
+        Settled(started=100.70, at=100.75),  # the first real one
+        Settled(started=100.60, at=100.90),  # began earlier, settled later: not first settled
+        Settled(started=101.0, at=101.1),
+    ]
+    assert resume_time(KILL_AT, settled) == 0.75
+    assert resume_time(KILL_AT, settled, guard=0.0) == 0.04
+    assert resume_time(KILL_AT, settled[:3]) is None  # the consumers never resumed
+    assert resume_time(KILL_AT, []) is None
+
+
+def test_a_settlement_that_did_not_stand_is_no_resume() -> None:
+    """A worker on the killed node reports a delivery it read before its socket closed; the
+    broker never got the basic.ack and redelivers the message later: not a resume."""
+    settled = [
+        Settled(100.08, 100.10, False, "m-1"),  # stale: m-1 comes back redelivered
+        Settled(100.50, 100.55, False, "m-2"),  # the first that stood
+        Settled(100.60, 100.65, True, "m-1"),
+        Settled(100.70, 100.72, False, "m-3"),  # a deliberate duplicate's first copy ...
+        Settled(100.80, 100.82, False, "m-3"),  # ... and its second: both stand
+    ]
+    assert resume_time(KILL_AT, settled) == 0.55
+    assert resume_time(KILL_AT, [s for s in settled if s.message_id != "m-2"]) == 0.65
+    assert resume_time(KILL_AT, settled[3:]) == 0.72
+
+
+def test_first_confirm_counts_only_publishes_handed_over_after_the_kill() -> None:
+    records = [
+        PublishRecord("old", 99.9, 100.4, True),  # outstanding at the kill: not this one
+        PublishRecord("failed", 100.1, 100.5, False),
+        PublishRecord("new", 100.2, 107.3, True),
+        PublishRecord("newer", 100.3, 107.2, True),
+    ]
+    assert first_confirm(records, KILL_AT) == 7.2
+    assert first_confirm(records[:2], KILL_AT) is None
+
+
+def test_outstanding_publishes_are_those_handed_over_and_not_resolved_at_the_kill() -> None:
+    records = [
+        PublishRecord("done-before", 99.0, 99.5, True, 0),
+        PublishRecord("resolved-at-the-kill", 99.0, 100.0, True, 0),
+        PublishRecord("late-confirm", 99.8, 100.7, True, 0),
+        PublishRecord("never", 99.9),
+        PublishRecord("after-the-kill", 100.1, 100.2, True, 0),
+    ]
+    assert [r.message_id for r in outstanding_at(records, KILL_AT)] == ["late-confirm", "never"]
+
+
+def test_each_outstanding_publish_gets_one_fate() -> None:
+    kill = Kill("rabbit@rmq1", "rabbit@rmq1", KILL_AT, reconnects=2)
+    records = [
+        PublishRecord("a", 99.9, 100.6, True, 2),  # confirmed on the connection of the kill
+        PublishRecord("b", 99.9, 103.0, True, 3),  # the connection died: republished, confirmed
+        PublishRecord("c", 99.9, 104.0, False, 3),  # an error outcome
+        PublishRecord("d", 99.95),  # no outcome at all
+        PublishRecord("e", 99.0, 99.1, True, 2),  # confirmed before: not outstanding
+    ]
+    assert confirm_fates(records, kill) == {
+        "outstanding": 4,
+        "confirmed_later": 1,
+        "retried": 1,
+        "failed": 1,
+        "unresolved": 1,
+        "last_outcome_s": 4.0,  # c's error, 4 s after the kill
+    }
+    assert confirm_fates(records[4:], kill)["last_outcome_s"] is None  # none outstanding
+
+
+def test_a_message_is_confirmed_when_one_of_its_publishes_is() -> None:
+    records = [
+        PublishRecord("m-2", 1.0, 2.0, True),
+        PublishRecord("m-1", 1.0, 2.0, False),  # the duplicate's first copy failed ...
+        PublishRecord("m-1", 1.1, 2.1, True),  # ... its second was confirmed
+        PublishRecord("m-3", 1.0, 2.0, False),
+    ]
+    assert confirmed_ids(records) == ["m-1", "m-2"]
+
+
+def reports(*kills: Kill) -> list[dict[str, object]]:
+    records = [PublishRecord("x", 99.9, 100.8, True, 0), PublishRecord("y", 100.2, 100.9, True, 0)]
+    settled = [Settled(100.6, 100.7, True), Settled(150.0, 150.1, True), Settled(200.9, 201.0)]
+    return [
+        r | {"leader_after": "rabbit@rmq2", "publishing": True, "consuming": True}
+        for r in kill_reports(list(kills), records, settled)
+    ]
+
+
+def test_kill_reports_say_whether_the_kill_hit_the_leader_and_when_consumers_resumed() -> None:
+    hit = Kill("rabbit@rmq1", "rabbit@rmq1", KILL_AT, 0)
+    missed = Kill("rabbit@rmq1", "rabbit@rmq3", 200.0, 0)  # the leader moved just before
+    assert reports(hit, missed) == [
+        {
+            "node": "rabbit@rmq1",
+            "leader_before": "rabbit@rmq1",
+            "hit_leader": True,
+            "resume_s": 0.7,
+            "first_confirm_s": 0.9,  # y, handed over after the kill
+            "redelivered": 2,  # settled before the next kill
+            "outstanding": 1,
+            "confirmed_later": 1,
+            "retried": 0,
+            "failed": 0,
+            "unresolved": 0,
+            "last_outcome_s": 0.8,
+            "leader_after": "rabbit@rmq2",
+            "publishing": True,
+            "consuming": True,
+        },
+        {
+            "node": "rabbit@rmq1",
+            "leader_before": "rabbit@rmq3",
+            "hit_leader": False,
+            "resume_s": 1.0,
+            "first_confirm_s": None,
+            "redelivered": 0,
+            "outstanding": 0,
+            "confirmed_later": 0,
+            "retried": 0,
+            "failed": 0,
+            "unresolved": 0,
+            "last_outcome_s": None,
+            "leader_after": "rabbit@rmq2",
+            "publishing": True,
+            "consuming": True,
+        },
+    ]
+
+
+def test_the_failover_invariant() -> None:
+    clean = {"lost": 0, "applied_twice": 0, "publisher_error": None}
+    good = reports(Kill("rabbit@rmq1", "rabbit@rmq1", KILL_AT, 0))
+    assert failover_holds(clean, good, wanted=1) is True
+    assert failover_holds(clean | {"lost": 1}, good, 1) is False
+    assert failover_holds(clean | {"applied_twice": 1}, good, 1) is False
+    assert failover_holds(clean | {"publisher_error": "gave up"}, good, 1) is False
+    assert failover_holds(clean, good, wanted=2) is False  # a kill is missing
+    assert failover_holds(clean, [good[0] | {"hit_leader": False}], 1) is False
+    assert failover_holds(clean, [good[0] | {"resume_s": None}], 1) is False
+    assert failover_holds(clean, [good[0] | {"unresolved": 1}], 1) is False
+    assert failover_holds(clean, [good[0] | {"leader_after": None}], 1) is False
+    assert failover_holds(clean, [good[0] | {"leader_after": "rabbit@rmq1"}], 1) is False
+    assert failover_holds(clean, [good[0] | {"publishing": False}], 1) is False  # too late
+    assert failover_holds(clean, [good[0] | {"consuming": False}], 1) is False
+
+
+def test_portions_cover_every_message_one_per_kill_and_the_rest_last() -> None:
+    assert portions(200, 2) == [66, 66, 68]
+    assert portions(2000, 5) == [333] * 5 + [335]
+    assert sum(portions(7, 3)) == 7
+
+
+def test_the_address_check_wants_every_cluster_node() -> None:
+    nodes = [f"amqp://guest:guest@127.0.0.1:{p}/v" for p in (5701, 5702, 5703)]
+    check_addresses(BrokerSettings(",".join(reversed(nodes))), nodes)  # any order
+    with pytest.raises(ConfigurationError) as e:
+        check_addresses(BrokerSettings("amqp://guest:s3cret@127.0.0.1:5672/v"), nodes)
+    assert str(e.value) == (
+        "--cluster: EAI_AMQP_URL names 127.0.0.1:5672 but not the cluster's 127.0.0.1:5701, "
+        "127.0.0.1:5702, 127.0.0.1:5703; list every node: "
+        'eval "$(python scripts/cluster.py env --vhost VHOST)"'
+    )
+
+
+def test_the_tally_keeps_the_settlement_times_of_each_report(tmp_path: Path) -> None:
+    out = tmp_path / "worker-1-0.out"
+    report = DeliveryReport("a", "processed", 1, False).as_dict()
+    out.write_text(
+        json.dumps(report | {"at": 10.5, "started": 10.25, "redelivered": True})
+        + "\n"
+        + json.dumps(report | {"at": 11.0, "started": None})
+        + "\n"
+        + json.dumps(report)  # an older worker's line: counted, no times
+        + "\n"
+    )
+    tally = OutputTally()
+    assert tally.update([out]) == 3
+    assert tally.settled == [Settled(10.25, 10.5, True, "a"), Settled(None, 11.0, False, "a")]
