@@ -91,21 +91,42 @@ def address_order(count: int, start: int | None = None) -> list[int]:
 
 def connect(settings: BrokerSettings) -> pika.BlockingConnection:
     """Open a blocking AMQP connection (connection.start/tune/open on the URL's vhost). With
-    several URLs (a cluster's nodes), each is tried once, in :func:`address_order`, and the
-    first that opens is returned.
+    several URLs (a cluster's nodes), each is tried once, one connection attempt per node, in
+    :func:`address_order`, and the first that opens is returned. (Not pika's own list
+    handling: a host name that does not resolve ends pika's whole attempt, and pika reports
+    only the last node's error.)
 
-    Raises BrokerUnavailable (nothing listening on any node, DNS, TLS), AuthenticationFailed
-    (bad credentials), VhostAccessDenied (unknown vhost or no permission).
+    Raises AuthenticationFailed (bad credentials: credentials are the cluster's, so the other
+    nodes are not tried), VhostAccessDenied (unknown vhost or no permission, on every node that
+    answered), BrokerUnavailable (no node could be reached: nothing listening, DNS, TLS; the
+    message names each node's error). A connection that never opened is never ConnectionLost.
     """
     addresses = settings.addresses()
     try:
-        params = [connection_parameters(addresses[i]) for i in address_order(len(addresses))]
+        params = [(a, connection_parameters(a)) for a in addresses]
     except (OSError, ValueError) as e:  # an unreadable CA / key file, a bad query value
         raise ConfigurationError(f"TLS or URL settings of {settings.masked_url}: {e}") from e
-    try:
-        return pika.BlockingConnection(params if len(params) > 1 else params[0])
-    except Exception as e:
-        raise translate(e, settings) from e
+    failures: list[tuple[AmqpLabError, BaseException]] = []
+    for index in address_order(len(params)):
+        address, parameters = params[index]
+        try:
+            return pika.BlockingConnection(parameters)
+        except Exception as e:
+            error = translate(e, address)
+            if isinstance(error, AuthenticationFailed):
+                raise error from e
+            if isinstance(error, ConnectionLost):  # e.g. a socket.gaierror: it never opened
+                error = BrokerUnavailable(str(error).replace("connection failed", "cannot connect"))
+            failures.append((error, e))
+    refused = [(error, e) for error, e in failures if isinstance(error, VhostAccessDenied)]
+    if refused:
+        raise refused[0][0] from refused[0][1]
+    if len(failures) == 1:
+        raise failures[0][0] from failures[0][1]
+    raise BrokerUnavailable(
+        f"no node of {settings.masked_url} answered: "
+        + "; ".join(str(error) for error, _ in failures)
+    ) from failures[-1][1]
 
 
 def translate(error: BaseException, settings: BrokerSettings | None = None) -> AmqpLabError:

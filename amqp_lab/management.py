@@ -80,15 +80,18 @@ class ManagementClient:
         """The request on the current node, else on each other node in turn. Raises
         ManagementError when none answers."""
         errors: list[str] = []
+        last: httpx.HTTPError | None = None
         for step in range(len(self._clients)):
             index = (self._current + step) % len(self._clients)
             try:
                 response = self._clients[index].request(method, path, json=json)
             except httpx.TransportError as e:
                 errors.append(f"{self._bases[index]} ({type(e).__name__}: {e})")
+                last = e
                 continue
             except httpx.HTTPError as e:
                 errors.append(f"{self._bases[index]} ({type(e).__name__}: {e})")
+                last = e
                 break
             self._current = index
             return response
@@ -98,7 +101,7 @@ class ManagementClient:
                 "rabbitmq_management plugin enabled? set EAI_MGMT_URL if it is not on port 15672",
                 self._password,
             )
-        )
+        ) from last
 
     def _request(self, method: str, path: str, json: Any = None, ok404: bool = False) -> Any:
         response = self._send(method, path, json)

@@ -76,6 +76,10 @@ class BrokerSettings:
     _urls: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.amqp_url and self.amqp_url.strip().endswith(","):
+            raise ConfigurationError(
+                f"AMQP URL list {mask_url(self.amqp_url)!r} ends with a comma: remove it"
+            )
         urls = _AMQP_LIST_SEPARATOR.split(self.amqp_url.strip()) if self.amqp_url else [""]
         parsed = [_parse_amqp_url(url) for url in urls]
         first = parsed[0]

@@ -321,15 +321,7 @@ class Consumer:
         settlement of theirs is ignored), so running them would only run them twice; they are
         handed back (:func:`hand_back`) and come back on the next subscription. When the queue
         is gone (deleted, its node down) they run: they may be the only copies left."""
-        if self._cancelled_by_broker and self._queue_outlived_cancel(connection):
-            for method, _, _ in deliveries:
-                hand_back(channel, method.delivery_tag)
-            log.warning(
-                "the broker cancelled the consumer of %r: %d delivery(ies) received before the "
-                "cancel go back to the queue without running",
-                self.config.queue,
-                len(deliveries),
-            )
+        if self._handed_back_after_cancel(connection, channel, deliveries):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
         room = 1 if alone else self.config.concurrency
@@ -338,6 +330,9 @@ class Consumer:
             if self._stop.is_set():
                 for method, _, _ in deliveries:
                     hand_back(channel, method.delivery_tag)
+                return
+            # waiting pumps the connection: the broker's basic.cancel may have been read now
+            if self._handed_back_after_cancel(connection, channel, deliveries):
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
@@ -408,6 +403,23 @@ class Consumer:
             channel.close()
             return True
 
+    def _handed_back_after_cancel(
+        self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
+    ) -> bool:
+        """After a broker cancel, while the queue still exists: hand ``deliveries`` back
+        (:func:`hand_back`) instead of starting them, and say so (True)."""
+        if not (self._cancelled_by_broker and self._queue_outlived_cancel(connection)):
+            return False
+        for method, _, _ in deliveries:
+            hand_back(channel, method.delivery_tag)
+        log.warning(
+            "the broker cancelled the consumer of %r: %d delivery(ies) received before the "
+            "cancel go back to the queue without running",
+            self.config.queue,
+            len(deliveries),
+        )
+        return True
+
     def _queue_outlived_cancel(self, connection: Any) -> bool:
         """Whether the queue still exists after the broker's cancel: queue.declare(passive) on a
         channel of its own, asked once per cancel; False on 404 (deleted, or its node down)."""
@@ -420,9 +432,9 @@ class Consumer:
         try:
             probe.queue_declare(self.config.queue, passive=True)
         except pe.ChannelClosedByBroker as e:
-            if e.reply_code != 404:
-                raise
-            return False
+            # 404: gone. Any other refusal says nothing about the messages: keep them in the
+            # queue (hand back), the safe side, and let the resubscription find out
+            return bool(e.reply_code != 404)
         probe.close()
         return True
 

@@ -35,7 +35,8 @@ from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import TEST_CONCURRENCY, consumer_config, ready_count, run_script
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
+# foundation too: its outcome differs by version, so CI runs it on 3.10 and 4.0 as well
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model, pytest.mark.foundation]
 
 TIMEOUT_MS = 2000
 SLOW = 6.0  # seconds: three times the timeout
@@ -214,6 +215,47 @@ def test_quorum_consumer_timeout_on_4_3_cancels_the_consumer_which_resubscribes(
     assert consumer.connections_opened == 2
     [warning] = reconnect_warnings(caplog)
     assert "cancelled the consumer" in warning and "PRECONDITION" not in warning, warning
+    assert effects(tmp_path / "d.sqlite3") == sorted(ids)
+    assert ready_count(vhost, "q:tasks") == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_cancel_read_while_waiting_for_a_free_handler_starts_nothing_more(
+    broker: TestBroker, vhost: BrokerSettings, tmp_path: Path
+) -> None:
+    """4.3 quorum, 2 handlers, both slow past the consumer timeout, a third delivery waiting for
+    a free handler: the basic.cancel is read while the consumer waits, so the third delivery
+    (which the broker has returned already) is handed back, not run on the cancelled
+    subscription. It runs once, after the resubscription - never processed and then a
+    duplicate."""
+    if not broker.at_least(4, 3):
+        pytest.skip("before 4.3 a consumer timeout closes the channel instead of cancelling")
+    apply_topology(vhost, quorum_topology("argument"))
+    ids = ("m-slow-1", "m-slow-2", "m-third")
+    with Publisher(vhost) as publisher:
+        for n, message_id in enumerate(ids):
+            publisher.publish(task_message("ok", n, message_id))
+    calls: list[str] = []
+
+    def slow_first_two(task: Task, db: Any) -> None:
+        calls.append(task.message_id)
+        if task.message_id != "m-third" and calls.count(task.message_id) == 1:
+            threading.Event().wait(SLOW)
+        db.execute("CREATE TABLE IF NOT EXISTS effects (message_id TEXT)")
+        db.execute("INSERT INTO effects(message_id) VALUES (?)", (task.message_id,))
+
+    reports: list[DeliveryReport] = []
+    consumer = Consumer(
+        vhost,
+        slow_first_two,
+        SqliteDedupStore(tmp_path / "d.sqlite3"),
+        consumer_config(prefetch=3, concurrency=2, idle_exit=1.5),
+        on_report=reports.append,
+    )
+    consumer.run()
+    third = [(r.outcome, r.redelivered) for r in reports if r.message_id == "m-third"]
+    assert third == [("processed", True)], third  # handed back at the cancel, run once after
+    assert calls.count("m-third") == 1
     assert effects(tmp_path / "d.sqlite3") == sorted(ids)
     assert ready_count(vhost, "q:tasks") == 0
 

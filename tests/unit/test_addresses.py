@@ -8,11 +8,21 @@ import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 
+import pika
+import pika.exceptions as pe
 import pytest
 
+import amqp_lab.connection as connection_module
 from amqp_lab.connection import address_order
-from amqp_lab.errors import ConfigurationError, ManagementError
+from amqp_lab.errors import (
+    AuthenticationFailed,
+    BrokerUnavailable,
+    ConfigurationError,
+    ManagementError,
+    VhostAccessDenied,
+)
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
 
@@ -170,4 +180,74 @@ def test_management_client_names_every_dead_node() -> None:
     with ManagementClient(settings, timeout=5) as api, pytest.raises(ManagementError) as raised:
         api.overview()
     assert first in str(raised.value) and second in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+
+
+# --- connect over a list: one attempt per node, the right error --------------------------------
+_OUTCOMES: dict[str, BaseException | None] = {}
+
+
+class _FakeConnection:
+    """Stands in for pika.BlockingConnection: each host fails as _OUTCOMES says, or opens."""
+
+    def __init__(self, parameters: Any) -> None:
+        outcome = _OUTCOMES[parameters.host]
+        if outcome is not None:
+            raise outcome
+        self.host = parameters.host
+
+
+@pytest.fixture
+def fake_pika(monkeypatch: pytest.MonkeyPatch) -> dict[str, BaseException | None]:
+    monkeypatch.setattr(pika, "BlockingConnection", _FakeConnection)
+    _OUTCOMES.clear()
+    return _OUTCOMES
+
+
+def _listed(*hosts: str) -> BrokerSettings:
+    return BrokerSettings(",".join(f"amqp://app:s3cret@{h}:5672/v" for h in hosts))
+
+
+def test_an_unresolvable_node_does_not_stop_the_list(fake_pika: dict[str, Any]) -> None:
+    fake_pika.update({"gone": socket.gaierror(-2, "Name or service not known"), "live": None})
+    for _ in range(10):  # whichever node comes first
+        assert connection_module.connect(_listed("gone", "live")).host == "live"
+
+
+def test_a_wrong_password_is_reported_as_such_whatever_the_other_nodes_do(
+    fake_pika: dict[str, Any],
+) -> None:
+    fake_pika.update({"auth": pe.ProbableAuthenticationError(), "dead": pe.AMQPConnectionError()})
+    for _ in range(10):
+        with pytest.raises(AuthenticationFailed) as raised:
+            connection_module.connect(_listed("auth", "dead"))
+        assert "s3cret" not in str(raised.value)
+
+
+def test_a_vhost_refused_by_the_nodes_that_answered_wins_over_dead_nodes(
+    fake_pika: dict[str, Any],
+) -> None:
+    fake_pika.update({"refuses": pe.ProbableAccessDeniedError(), "dead": pe.AMQPConnectionError()})
+    for _ in range(10):
+        with pytest.raises(VhostAccessDenied):
+            connection_module.connect(_listed("dead", "refuses"))
+
+
+def test_no_node_answering_names_every_node(fake_pika: dict[str, Any]) -> None:
+    fake_pika.update({"a": pe.AMQPConnectionError("refused"), "b": socket.gaierror(-2, "no name")})
+    with pytest.raises(BrokerUnavailable) as raised:
+        connection_module.connect(_listed("a", "b"))
+    text = str(raised.value)
+    assert "@a:5672" in text and "@b:5672" in text and "s3cret" not in text
+
+
+def test_one_unresolvable_node_alone_is_broker_unavailable(fake_pika: dict[str, Any]) -> None:
+    fake_pika.update({"gone": socket.gaierror(-2, "Name or service not known")})
+    with pytest.raises(BrokerUnavailable, match="cannot connect"):
+        connection_module.connect(_listed("gone"))
+
+
+def test_a_trailing_comma_is_refused_not_taken_into_the_vhost() -> None:
+    with pytest.raises(ConfigurationError, match="ends with a comma") as raised:
+        BrokerSettings("amqp://app:s3cret@rmq1/prod,amqp://app:s3cret@rmq2/prod,")
     assert "s3cret" not in str(raised.value)
