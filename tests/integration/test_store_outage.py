@@ -166,7 +166,8 @@ def test_sqlite_locked_past_its_timeout_is_retried(
     running.join()
     store.close()
     assert running.error is None
-    assert [(r.message_id, r.outcome) for r in reports] == [
+    # m-1 and m-2 settle as they finish when handlers run concurrently (CI's concurrency 4)
+    assert settled_order([(r.message_id, r.outcome) for r in reports]) == [
         ("m-0", "processed"),
         ("m-1", "processed"),
         ("m-2", "processed"),
