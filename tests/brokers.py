@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+import pytest
 
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
@@ -198,6 +199,23 @@ def _choose_image(notes: list[str]) -> str:
             + (built.stdout + built.stderr).strip()[-500:]
         )
     return local
+
+
+def require_image(image: str, suite: str, why: str) -> None:
+    """Skip (saying ``why``) when no Docker engine is reachable; build ``image`` from Debian
+    ``suite`` (scripts/build_test_image.sh) when it does not exist yet."""
+    if not docker_reachable():
+        pytest.skip(f"no Docker engine reachable: {why}")
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        script = ROOT / "scripts" / "build_test_image.sh"
+        subprocess.run(["bash", str(script), suite, image], check=True, timeout=1800)
+    finally:
+        client.close()
 
 
 def from_testcontainers() -> TestBroker:

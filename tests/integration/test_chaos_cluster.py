@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -22,7 +21,7 @@ import pytest
 from amqp_lab.dedup import open_store
 from amqp_lab.settings import BrokerSettings
 from lab.cluster import DEFAULT_IMAGE, Cluster
-from tests.brokers import ROOT, docker_reachable
+from tests.brokers import require_image
 from tests.support import run_script
 
 pytestmark = pytest.mark.integration
@@ -43,18 +42,7 @@ CLUSTER_ARGS = (
 def cluster() -> Iterator[Cluster]:
     """A three-node cluster for this module (its own name and ports, clear of the cluster
     tests' and of scripts/cluster.py start's), removed at the end."""
-    if not docker_reachable():
-        pytest.skip("no Docker engine reachable: the cluster chaos needs three containers")
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        script = ROOT / "scripts" / "build_test_image.sh"
-        subprocess.run(["bash", str(script), "sid", DEFAULT_IMAGE], check=True, timeout=1800)
-    finally:
-        client.close()
+    require_image(DEFAULT_IMAGE, "sid", "the cluster chaos needs three containers")
     c = Cluster(name=NAME, amqp_port=AMQP_PORT, management_port=MANAGEMENT_PORT)
     c.stop()  # leftovers of an interrupted run
     c.start()

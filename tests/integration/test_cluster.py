@@ -23,7 +23,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from lab.cluster import DEFAULT_IMAGE, Cluster, ClusterNode
-from tests.brokers import ROOT, docker_reachable
+from tests.brokers import ROOT, require_image
 from tests.support import get_all, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -34,18 +34,7 @@ QUEUE = "qq"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A fresh three-node cluster for this module, removed at the end (image built if absent)."""
-    if not docker_reachable():
-        pytest.skip("no Docker engine reachable: the cluster tests need three containers")
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        script = ROOT / "scripts" / "build_test_image.sh"
-        subprocess.run(["bash", str(script), "sid", DEFAULT_IMAGE], check=True, timeout=1800)
-    finally:
-        client.close()
+    require_image(DEFAULT_IMAGE, "sid", "the cluster tests need three containers")
     c = Cluster(name="amqp-lab-test-cluster", amqp_port=5711, management_port=15711)
     c.stop()  # leftovers of an interrupted run
     started = time.monotonic()
