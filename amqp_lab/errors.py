@@ -24,6 +24,7 @@ __all__ = [
     "DedupStoreError",
     "HandlerError",
     "InvalidMessage",
+    "KeyParked",
     "ManagementError",
     "MessageNacked",
     "MessageUnroutable",
@@ -203,3 +204,9 @@ class PoisonMessage(BusinessError):
     """The broker redelivered the message more often than the consumer allows without it ever
     being settled: its handler probably kills the worker (a segfault, the OOM killer,
     ``os._exit``). Dead-lettered without running the handler again."""
+
+
+class KeyParked(BusinessError):
+    """Ordered mode with ``after_dead_letter="park"``: an earlier message of the same key was
+    dead-lettered, so this one goes to the DLQ behind it instead of running out of order.
+    Replaying the key's records (``replay.py --key KEY``) releases it (docs/ordering.md)."""

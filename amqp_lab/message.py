@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp_lab.errors import InvalidMessage, UnencodableMessage
+from amqp_lab.errors import ConfigurationError, InvalidMessage, UnencodableMessage
 from amqp_lab.fieldtable import FieldTableError
 from amqp_lab.topology.model import Names
 from amqp_lab.wire import AmqpProperties
@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "FIRST_SEEN_HEADER",
     "JSON",
+    "KEY_HEADER",
     "MAX_EXPIRATION_MS",
     "MAX_PROPERTIES_BYTES",
     "ORIGINAL_EXCHANGE_HEADER",
@@ -46,6 +47,7 @@ __all__ = [
 
 JSON = "application/json"
 ATTEMPTS_HEADER = "attempts"
+KEY_HEADER = "key"  # the entity key of per-key ordering (docs/ordering.md)
 FIRST_SEEN_HEADER = "first_seen_at"
 ORIGINAL_EXCHANGE_HEADER = "original_exchange"
 ORIGINAL_ROUTING_KEY_HEADER = "original_routing_key"
@@ -226,12 +228,34 @@ def message_for(
     message_id: str | None = None,
     headers: dict[str, Any] | None = None,
     content_type: str | None = None,
+    key: str | None = None,
     **properties: Any,
 ) -> OutgoingMessage:
     """A message to the topology's work exchange and routing key (``names``): ``body`` as is
     when it is bytes (content type ``application/octet-stream`` unless given), else as compact
     JSON (``application/json``); a uuid4 message_id unless given; ``properties`` are further
-    :class:`OutgoingMessage` fields (priority, correlation_id...)."""
+    :class:`OutgoingMessage` fields (priority, correlation_id...).
+
+    ``key``: the entity key of per-key ordering (an order id, an account...), carried in the
+    ``key`` header (:data:`KEY_HEADER`) and used as the routing key, which the ordered
+    topology's consistent-hash exchange hashes onto a shard (docs/ordering.md). Raises
+    ConfigurationError for an ordered topology without a key (every message would hash to one
+    shard), or a key that is empty or longer than 255 bytes in UTF-8 (AMQP's shortstr limit
+    for a routing key)."""
+    routing_key = names.routing_key
+    headers = dict(headers or {})
+    if key is not None:
+        if not key or len(key.encode("utf-8")) > 255:
+            raise ConfigurationError(
+                f"a key must be 1..255 bytes of UTF-8 (it is the routing key), not {key!r:.80}"
+            )
+        headers[KEY_HEADER] = key
+        routing_key = key
+    elif names.shards:
+        raise ConfigurationError(
+            "the ordered topology routes by key: give each message a key (key=, publish.py "
+            "--key), or every message hashes onto one shard"
+        )
     if isinstance(body, bytes | bytearray):
         raw, default_type = bytes(body), "application/octet-stream"
     else:
@@ -240,9 +264,9 @@ def message_for(
         body=raw,
         message_id=message_id or str(uuid.uuid4()),
         exchange=names.exchange,
-        routing_key=names.routing_key,
+        routing_key=routing_key,
         content_type=content_type or default_type,
-        headers=dict(headers or {}),
+        headers=headers,
         **properties,
     )
 

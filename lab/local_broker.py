@@ -21,6 +21,9 @@ from pathlib import Path
 
 from amqp_lab.errors import AmqpLabError
 
+# management, and the consistent-hash exchange the ordered topology routes through
+ENABLED_PLUGINS = "[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n"
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,7 +82,7 @@ class LocalBroker:
             f"management.tcp.port = {self.management_port}\n"
             "management.tcp.ip = 127.0.0.1\n"
         )
-        (self.base_dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        (self.base_dir / "enabled_plugins").write_text(ENABLED_PLUGINS)
         if os.geteuid() == 0:
             try:
                 user = pwd.getpwnam("rabbitmq")

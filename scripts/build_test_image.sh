@@ -17,7 +17,7 @@ echo "debootstrap $suite into $rootfs (about a minute)"
 debootstrap --variant=minbase --include=rabbitmq-server "$suite" "$rootfs" >"$rootfs.log" 2>&1 \
   || { tail -20 "$rootfs.log"; exit 1; }
 rm -f "$rootfs.log"
-printf '[rabbitmq_management].\n' >"$rootfs/etc/rabbitmq/enabled_plugins"
+printf '[rabbitmq_management,rabbitmq_consistent_hash_exchange].\n' >"$rootfs/etc/rabbitmq/enabled_plugins"
 mkdir -p "$rootfs/etc/rabbitmq/conf.d"
 # Same default as the official image: guest may connect from outside the container.
 printf 'loopback_users.guest = false\n' >"$rootfs/etc/rabbitmq/conf.d/10-defaults.conf"

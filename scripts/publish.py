@@ -24,9 +24,16 @@ from _cli import (
 )
 
 from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
-from amqp_lab.message import ATTEMPTS_HEADER, message_for
+from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, message_for
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message
+
+
+def key_for(key: str | None, keys: int, seq: int) -> str | None:
+    """Message ``seq``'s key: ``key``, or ``KEY-n`` round-robin over ``keys`` keys."""
+    if keys:
+        return f"{key or 'key'}-{(seq - 1) % keys + 1}"
+    return key
 
 
 def main() -> int:
@@ -41,6 +48,19 @@ def main() -> int:
     parser.add_argument("--routing-key", default=None, help="default: the topology's")
     parser.add_argument("--exchange", default=None, help="default: the topology's")
     parser.add_argument(
+        "--key",
+        default=None,
+        help="the entity key of per-key ordering: the 'key' header and the routing key "
+        "(required with --ordered; docs/ordering.md)",
+    )
+    parser.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        metavar="K",
+        help="spread the messages round-robin over K keys KEY-1..KEY-K (KEY: --key or 'key')",
+    )
+    parser.add_argument(
         "--transient", action="store_true", help="delivery_mode 1 (only for the durability demo)"
     )
     parser.add_argument("--retries", type=int, default=5, help="publish attempts per message")
@@ -53,6 +73,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.count < 1:
         parser.error("--count must be >= 1")
+    if args.keys < 0:
+        parser.error("--keys must be >= 1")
     body = None
     if args.body is not None:
         try:
@@ -60,6 +82,8 @@ def main() -> int:
         except ValueError as e:
             parser.error(f"--body is not JSON: {e}")
     names = topology_from(args).names
+    if names.shards and args.key is None and not args.keys and args.routing_key is None:
+        parser.error("the ordered topology routes by key: give --key KEY or --keys K")
     exchange = names.exchange if args.exchange is None else args.exchange
     routing_key = names.routing_key if args.routing_key is None else args.routing_key
     settings = settings_from_env(
@@ -87,6 +111,11 @@ def main() -> int:
                     persistent=not args.transient,
                 )
                 message = dataclasses.replace(message, exchange=exchange, routing_key=routing_key)
+            key = key_for(args.key, args.keys, seq)
+            if key is not None:
+                message = dataclasses.replace(
+                    message, routing_key=key, headers={**message.headers, KEY_HEADER: key}
+                )
             status, detail, stop = "confirmed", "", False
             try:
                 publisher.publish(message)

@@ -44,6 +44,11 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every DLQ message")
     parser.add_argument("--message-id")
     parser.add_argument("--error-type", help="e.g. RuntimeError (see dlq.py --summary)")
+    parser.add_argument(
+        "--key",
+        help="the records of this entity key (ordered topology), in DLQ order: replaying a "
+        "parked key's records releases it (docs/ordering.md)",
+    )
     parser.add_argument("--since", type=iso_time, help="last_failed_at >= this")
     parser.add_argument("--until", type=iso_time, help="last_failed_at <= this")
     parser.add_argument("--limit", type=int, default=None)
@@ -53,10 +58,10 @@ def main() -> int:
     parser.add_argument("--queue", default=None, help="the DLQ (default: the topology's)")
     parser.add_argument("--audit-log", default=str(ROOT / ".state" / "replay-audit.jsonl"))
     args = parser.parse_args()
-    selection = Selection(args.message_id, args.error_type, args.since, args.until)
+    selection = Selection(args.message_id, args.error_type, args.since, args.until, args.key)
     if not args.all and selection == Selection():
         parser.error(
-            "say what to replay: --all, or --message-id / --error-type / --since / --until"
+            "say what to replay: --all, or --message-id / --error-type / --key / --since / --until"
         )
     if (args.rate is not None and args.rate <= 0) or (args.limit is not None and args.limit < 1):
         parser.error("--rate must be > 0 and --limit >= 1")

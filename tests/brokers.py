@@ -228,6 +228,8 @@ def from_testcontainers() -> TestBroker:
         RabbitMqContainer(image)
         .with_exposed_ports(15672)
         .with_volume_mapping(str(ROOT / "rabbitmq.conf"), "/etc/rabbitmq/rabbitmq.conf", "ro")
+        # management + the consistent-hash exchange (the ordered topology's shards)
+        .with_volume_mapping(str(ROOT / "enabled_plugins"), "/etc/rabbitmq/enabled_plugins", "ro")
     )
     container.start()
 

@@ -27,6 +27,7 @@ from amqp_lab.topology import (
     load_topology,
     with_queue_type,
 )
+from amqp_lab.topology.ordered import with_ordered
 
 __all__ = [
     "EXIT_ALERT",
@@ -104,6 +105,14 @@ def add_topology_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="definitions JSON naming the queues and exchanges (default: the packaged one)",
     )
+    parser.add_argument(
+        "--ordered",
+        type=int,
+        default=0,
+        metavar="SHARDS",
+        help="the ordered variant: per-key order over SHARDS shard queues with single active "
+        "consumer behind a consistent-hash exchange (docs/ordering.md; default: off)",
+    )
 
 
 def add_queue_type_option(parser: argparse.ArgumentParser) -> None:
@@ -128,10 +137,14 @@ def add_queue_type_option(parser: argparse.ArgumentParser) -> None:
 
 def topology_from(args: argparse.Namespace) -> Topology:
     """The topology ``--topology`` names, of the ``--queue-type`` asked for when the command
-    has that option; raises TopologyError (one line) when it is bad."""
+    has that option, its ordered variant with ``--ordered SHARDS``; raises TopologyError (one
+    line) when it is bad."""
     topology = load_topology(Path(args.topology))
     queue_type: QueueType = getattr(args, "queue_type", "classic")
     limit = getattr(args, "delivery_limit", DEFAULT_DELIVERY_LIMIT)
+    shards = getattr(args, "ordered", 0)
+    if shards:
+        topology = with_ordered(topology, shards)
     return with_queue_type(topology, queue_type, limit)
 
 

@@ -409,9 +409,12 @@ class Selection:
     error_type: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    key: str | None = None  # the ordered topology's entity key (the ``key`` header)
 
     def matches(self, entry: DlqEntry) -> bool:
         if self.message_id is not None and entry.message_id != self.message_id:
+            return False
+        if self.key is not None and entry.headers.get("key") != self.key:
             return False
         if self.error_type is not None and entry.error_type != self.error_type:
             return False

@@ -18,6 +18,7 @@ from amqp_lab.errors import PreconditionFailed, TopologyError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import (
+    Binding,
     Topology,
     binding_key,
     expected_policy_per_queue,
@@ -106,12 +107,7 @@ def apply_topology(
                     channel,
                     "binding",
                     binding.destination,
-                    lambda ch, b=binding: ch.queue_bind(
-                        b.destination,
-                        b.source,
-                        routing_key=b.routing_key,
-                        arguments=dict(b.arguments),
-                    ),
+                    lambda ch, b=binding: _bind(ch, b),
                     settings,
                 )
                 name = (
@@ -160,6 +156,25 @@ def _wait_effective_policies(
         time.sleep(0.25)
 
 
+def _bind(channel: Any, binding: Binding) -> None:
+    """queue.bind, or exchange.bind for an exchange-to-exchange binding
+    (https://www.rabbitmq.com/docs/e2e)."""
+    if binding.destination_type == "exchange":
+        channel.exchange_bind(
+            binding.destination,
+            binding.source,
+            routing_key=binding.routing_key,
+            arguments=dict(binding.arguments),
+        )
+        return
+    channel.queue_bind(
+        binding.destination,
+        binding.source,
+        routing_key=binding.routing_key,
+        arguments=dict(binding.arguments),
+    )
+
+
 def _record(report: ApplyReport, name: str, existed: bool) -> None:
     (report.unchanged if existed else report.created).append(name)
 
@@ -179,6 +194,14 @@ def _declare(
                 "are lost) and re-run; dead-letter settings belong in a policy, not in "
                 "arguments",
                 406,
+            ) from e
+        raise translate(e, settings) from e
+    except pe.ConnectionClosedByBroker as e:
+        if "unknown exchange type" in str(e.reply_text):
+            raise TopologyError(
+                f"{kind} {name!r}: the broker does not know the exchange type "
+                f"({e.reply_text}); the ordered topology's x-consistent-hash exchange needs "
+                "the plugin: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"
             ) from e
         raise translate(e, settings) from e
     except Exception as e:

@@ -76,7 +76,9 @@ class Names:
     ``dead_letter_exchange`` and ``dlq``: where dead-lettered messages go; ``retry_exchange``:
     where expired retries go back to the work queue from; ``wait_queue``: the template of the
     wait queue names, with ``{n}`` for the attempt number, and ``wait_queues``: how many there
-    are (1..wait_queues); ``audit_queue``: a copy of everything, if any."""
+    are (1..wait_queues); ``audit_queue``: a copy of everything, if any. The ordered variant
+    (:func:`amqp_lab.topology.ordered.with_ordered`) adds ``shard_queue_template`` (with
+    ``{n}``) and ``shards``: the shard queues 1..shards a hashing exchange spreads keys over."""
 
     exchange: str
     routing_key: str
@@ -87,6 +89,23 @@ class Names:
     wait_queue_template: str | None = None
     wait_queues: int = 0
     audit_queue: str | None = None
+    shard_queue_template: str | None = None
+    shards: int = 0
+
+    def shard_queue(self, n: int) -> str:
+        """Shard queue ``n`` (1-based) of the ordered variant. Raises TopologyError when the
+        topology has no shard ``n``."""
+        if self.shard_queue_template is None or not 1 <= n <= self.shards:
+            raise TopologyError(
+                f"the topology has no shard queue {n} (it has {self.shards}): apply the "
+                "ordered variant (setup_topology.py --ordered SHARDS)"
+            )
+        return self.shard_queue_template.format(n=n)
+
+    @property
+    def shard_queues(self) -> tuple[str, ...]:
+        """Every shard queue, in shard order (empty outside the ordered variant)."""
+        return tuple(self.shard_queue(n) for n in range(1, self.shards + 1))
 
     def wait_queue(self, n: int) -> str:
         """The wait queue holding messages after their ``n``-th failure (1-based). Raises

@@ -1,0 +1,388 @@
+"""The ordered consumer: per-key order through retries, crashes and takeovers.
+
+It subscribes to every shard queue of an ordered topology
+(:func:`amqp_lab.topology.ordered.with_ordered`); each shard has single active consumer on,
+so with M workers the broker delivers each shard to exactly one of them and a standby takes it
+over when the active one goes. Deliveries run one at a time, the handler in the dedup
+transaction (:class:`~amqp_lab.consuming.handling.HandlerRunner`, the same as the plain
+consumer's), on a handler thread while this thread keeps the connection pumping.
+
+**Retries keep per-key order.** A broker-held retry (a wait queue) cannot: the failed message
+leaves the shard and K's next message runs before it comes back. Here a failing message stays
+unacked in the worker, at the head of its key's line (:class:`~amqp_lab.ordering.holds.KeyLines`),
+and is run again after a full-jitter backoff; K's later deliveries wait behind it, unacked too,
+and only K's: other keys of the shard keep flowing. The head leaves the line when it succeeds
+or, after ``retry.max_attempts`` tries (or at once for a business error or poison), is
+dead-lettered (a confirmed DLQ record, then basic.ack). Then ``after_dead_letter`` decides:
+``continue`` runs K's next message; ``park`` parks K
+(:class:`~amqp_lab.ordering.parking.ParkedKeys`, in the dedup store): its later messages go
+to the DLQ behind the blocker until a replay of K (``replay.py --key K``) brings the blocker
+back.
+
+**Crashes keep order too.** Everything held is unacked: when the worker dies, the broker puts
+the deliveries back in the shard in their order (at their original positions, classic and
+quorum queues alike) and the new active consumer gets them first. The failure count of a head
+is in memory and starts over after a crash; a message that kills workers is stopped by the
+store's redelivery count (``max_redeliveries``, poison).
+
+**The costs.** A held delivery occupies prefetch: a shard whose window fills with one failing
+key's backlog stalls until the head is settled (raise ``prefetch``, lower ``retry.cap``). A
+held delivery also counts toward the broker's consumer timeout (30 min by default up to 4.2,
+quorum queues only on 4.3): ``retry.max_attempts * retry.cap`` must stay well under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pika.exceptions as pe
+
+from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.consuming.config import ConsumerConfig, Handler
+from amqp_lab.consuming.dead_letter import ConfirmedWriter, dlq_message
+from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.handling import HandlerRunner
+from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.settlement import Action as SettleAction
+from amqp_lab.consuming.settlement import Outcome, Settlement, classify
+from amqp_lab.consuming.store_retry import StoreRetry
+from amqp_lab.dedup import DedupStore
+from amqp_lab.dlq.record import utc_iso
+from amqp_lab.errors import (
+    BrokerConnectionError,
+    ConfigurationError,
+    ConnectionLost,
+    ConsumerCancelled,
+    KeyParked,
+)
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, KEY_HEADER
+from amqp_lab.ordering.holds import KeyLines
+from amqp_lab.ordering.parking import ParkedKeys
+from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
+from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology.model import Names
+
+__all__ = ["OrderedConfig", "OrderedConsumer", "key_of"]
+
+log = logging.getLogger(__name__)
+
+ORDERED_RETRY = RetryPolicy("backoff", max_attempts=5, base=0.5, cap=10.0)
+
+
+@dataclass(frozen=True)
+class OrderedConfig:
+    """``names``: an ordered topology's roles (``shards`` > 0); ``prefetch``: basic.qos
+    prefetch_count per shard consumer - held deliveries occupy it; ``retry``: in-worker
+    retries (``max_attempts`` tries in all, full-jitter waits of ``base``..``cap`` seconds;
+    its mode is ignored); ``after_dead_letter``: ``continue`` or ``park`` (module docstring);
+    ``idle_exit`` seconds without a delivery and nothing held before :meth:`run` returns;
+    ``max_messages``: return after that many settled; the other bounds as in
+    :class:`~amqp_lab.consuming.ConsumerConfig`. Raises ConfigurationError for a topology
+    without shards or bounds below 1."""
+
+    names: Names
+    prefetch: int = 50
+    retry: RetryPolicy = ORDERED_RETRY
+    after_dead_letter: Literal["continue", "park"] = "continue"
+    idle_exit: float | None = None
+    max_messages: int | None = None
+    max_redeliveries: int = 3
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    dead_letter_attempts: int = 3
+    reconnect_attempts: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.names.shards:
+            raise ConfigurationError(
+                "the ordered consumer needs the ordered topology (with_ordered, --ordered N)"
+            )
+        if min(self.prefetch, self.max_redeliveries, self.reconnect_attempts) < 1:
+            raise ConfigurationError("prefetch, max_redeliveries and reconnect_attempts >= 1")
+        if self.after_dead_letter not in ("continue", "park"):
+            raise ConfigurationError(f"after_dead_letter {self.after_dead_letter!r}")
+
+    def consumer_config(self) -> ConsumerConfig:
+        """The plain consumer's settings the shared handler and dead-letter code read."""
+        return ConsumerConfig(
+            self.names,
+            prefetch=self.prefetch,
+            max_redeliveries=self.max_redeliveries,
+            max_body_bytes=self.max_body_bytes,
+            dead_letter_attempts=self.dead_letter_attempts,
+            verify_topology=False,
+        )
+
+
+def key_of(d: Delivery) -> str:
+    """A delivery's key: its ``key`` header when it is a string, else its routing key (the
+    publisher's key either way, for our publisher)."""
+    key = d.headers.get(KEY_HEADER)
+    return key if isinstance(key, str) and key else str(d.method.routing_key)
+
+
+class OrderedConsumer:
+    """Consumes every shard queue of ``config.names`` until idle_exit, max_messages or
+    :meth:`stop`. ``on_report`` gets one :class:`DeliveryReport` per settlement and per
+    held retry (outcome ``held``, with its wait); ``monotonic`` times the retries."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        handler: Handler,
+        store: DedupStore,
+        config: OrderedConfig,
+        on_report: Callable[[DeliveryReport], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        self.settings, self.store, self.config = settings, store, config
+        self.on_report = on_report or (lambda r: log.info(r.line()))
+        self.clock, self.monotonic, self.uniform = clock, monotonic, uniform
+        self.state = State.STOPPED
+        self.handled = 0
+        self.connections_opened = 0
+        self._stop = threading.Event()
+        self._cancelled = False
+        self._settled = False
+        plain = config.consumer_config()
+        self._runner = HandlerRunner(handler, store, plain, StoreRetry(plain.store_outage))
+        self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
+        self._parked = (
+            ParkedKeys(store, config.names.exchange) if config.after_dead_letter == "park" else None
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
+        self._lines: KeyLines[tuple[Any, Delivery]] = KeyLines()
+        self._inbox: deque[tuple[Any, Delivery]] = deque()
+        self._connection: Any = None
+        self._consumers: dict[str, str] = {}  # consumer tag -> shard queue
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Return after the delivery running now (thread- and signal-safe); what is held goes
+        back to the shards, in order, when the connection closes."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Consume until finished; returns the number of deliveries settled. Recoverable ends
+        (a lost connection, a broker cancel) reconnect with backoff; ``reconnect_attempts``
+        connections in a row that settled nothing raise BrokerConnectionError. Fatal ends
+        raise: QueueNotFound (a shard missing), AuthenticationFailed, VhostAccessDenied,
+        AccessRefused, DedupStoreError, DeadLetterFailed (the DLQ would not take a record:
+        everything held goes back to the shards)."""
+        budget = ReconnectBudget(self.config.reconnect_attempts)
+        try:
+            while not self._stop.is_set():
+                self.state = State.CONNECTING
+                self._settled = False
+                try:
+                    self._session()
+                    break
+                except Exception as e:
+                    if classify_end(e) is not End.RECOVERABLE:
+                        raise
+                    budget.connection_ended(self._settled)
+                    if budget.exhausted:
+                        raise BrokerConnectionError(
+                            f"gave up after {budget.failures} connections in a row that settled "
+                            f"nothing; last: {e}"
+                        ) from e
+                    wait = full_jitter(budget.failures, 0.2, 5.0, self.uniform)
+                    log.warning("%s; reconnecting in %.1f s", e, wait)
+                    self._stop.wait(wait)
+            return self.handled
+        finally:
+            self.state = State.STOPPED
+            self._executor.shutdown(wait=True)
+            close_quietly(self._connection)
+
+    # --- one connection ---------------------------------------------------------------------
+    def _session(self) -> None:
+        close_quietly(self._connection)
+        self._lines.clear()  # the old connection's deliveries are back in the shards
+        self._inbox.clear()
+        self._cancelled = False
+        self._connection = connection = connect(self.settings)
+        self.connections_opened += 1
+        try:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self.config.prefetch)
+            channel.add_on_cancel_callback(lambda _frame: self._note_cancel())
+            self._writer.open(connection)
+            self._consumers = {
+                channel.basic_consume(shard, self._arrive, auto_ack=False): shard
+                for shard in self.config.names.shard_queues
+            }
+        except (pe.AMQPError, OSError) as e:
+            raise translate(e, self.settings) from e
+        self.state = State.CONSUMING
+        try:
+            self._loop(connection, channel)
+        except (pe.AMQPError, OSError) as e:
+            raise translate(e, self.settings) from e
+
+    def _note_cancel(self) -> None:
+        self._cancelled = True
+
+    def _arrive(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        """pika callback (this thread, while pumping): decode and queue for the loop."""
+        d = prepare(
+            method, properties, body, self.clock(), REQUEUE_ONCE, self.config.max_body_bytes
+        )
+        self._inbox.append((channel, d))
+
+    def _loop(self, connection: Any, channel: Any) -> None:
+        runnable: deque[str] = deque()
+        last_activity = self.monotonic()
+        while not self._stop.is_set():
+            if self._cancelled:
+                raise ConsumerCancelled(
+                    "the broker cancelled a shard consumer (its queue deleted, or its node "
+                    "gone); resubscribing"
+                )
+            while self._inbox:
+                item = self._inbox.popleft()
+                last_activity = self.monotonic()
+                key = key_of(item[1])
+                if self._parked_out(connection, item, key):
+                    continue
+                if self._lines.arrive(key, item):
+                    runnable.append(key)
+            runnable.extend(self._lines.due(self.monotonic()))
+            while runnable and not self._stop.is_set():
+                self._run_head(connection, runnable.popleft(), runnable)
+            if self._finished(last_activity):
+                return
+            wait = 0.25
+            next_due = self._lines.next_due()
+            if next_due is not None:
+                wait = max(0.0, min(wait, next_due - self.monotonic()))
+            connection.process_data_events(time_limit=wait)
+
+    def _finished(self, last_activity: float) -> bool:
+        limit, idle = self.config.max_messages, self.config.idle_exit
+        if limit is not None and self.handled >= limit:
+            return True
+        quiet = not self._inbox and not len(self._lines)
+        return idle is not None and quiet and self.monotonic() - last_activity >= idle
+
+    def _run_head(self, connection: Any, key: str, runnable: deque[str]) -> None:
+        """Run ``key``'s head and settle it; queue the key again when a next one may run."""
+        channel, d = self._lines.head(key)
+        d.error, d.duplicate = None, False
+        self._process(connection, d)
+        outcome = classify(d.error)
+        if outcome is Outcome.SUCCESS:
+            self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
+            self._report(d.report("duplicate" if d.duplicate else "processed", self._tries(key)))
+        elif outcome in (Outcome.TRANSIENT, Outcome.UNKNOWN) and (
+            self._tries(key) < self.config.retry.max_attempts
+        ):
+            failures = self._lines.failures(key) + 1
+            wait = full_jitter(
+                failures - 1, self.config.retry.base, self.config.retry.cap, self.uniform
+            )
+            self._lines.fail(key, self.monotonic() + wait)
+            self._report(d.report("held", failures, wait))
+            return  # the key waits; the others go on
+        else:
+            self._dead_letter(connection, channel, d, outcome, self._tries(key))
+            if self._parked is not None and d.message_id is not None:
+                self._parked.park(key, d.message_id, self.clock())
+                for later_channel, later in self._lines.take_all(key)[1:]:
+                    self._park_out(connection, later_channel, later, d.message_id)
+                return
+        if self._lines.done(key) is not None:
+            runnable.append(key)
+
+    def _tries(self, key: str) -> int:
+        return self._lines.failures(key) + 1
+
+    def _process(self, connection: Any, d: Delivery) -> None:
+        """The handler (in the dedup transaction) on the handler thread, pumping I/O meanwhile;
+        a connection lost meanwhile waits for the handler, then raises ConnectionLost."""
+        future = self._executor.submit(self._runner.process, [d])
+        future.add_done_callback(lambda _: _wake(connection))
+        while not future.done():
+            try:
+                connection.process_data_events(time_limit=0.1)
+            except Exception as e:
+                future.exception()
+                raise ConnectionLost(f"connection lost while the handler ran: {e}") from e
+        future.result()  # DedupStoreError: the store failed, nothing is settled
+
+    def _parked_out(self, connection: Any, item: tuple[Any, Delivery], key: str) -> bool:
+        """A delivery of a parked key goes to the DLQ behind its blocker (True) - unless it is
+        the blocker itself, back from a replay: that releases the key (False: it runs)."""
+        if self._parked is None or key in self._lines:
+            return False
+        blocker = self._parked.blocker(key)
+        if blocker is None:
+            return False
+        channel, d = item
+        if d.message_id == blocker:
+            self._parked.release(key)
+            log.info("key %r released: its blocker message_id=%s is back", key, blocker)
+            return False
+        self._park_out(connection, channel, d, blocker)
+        return True
+
+    def _park_out(self, connection: Any, channel: Any, d: Delivery, blocker: str) -> None:
+        d.error = KeyParked(f"key {key_of(d)!r} is parked behind message_id={blocker}")
+        self._dead_letter(connection, channel, d, Outcome.BUSINESS, 0)
+
+    def _dead_letter(
+        self, connection: Any, channel: Any, d: Delivery, outcome: Outcome, attempts: int
+    ) -> None:
+        """A confirmed DLQ record through the DLX, then basic.ack; DeadLetterFailed (fatal:
+        everything held returns to the shards) when the DLQ would not take it."""
+        first_seen = d.headers.get(FIRST_SEEN_HEADER)
+        first_seen_at = (
+            first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
+        )
+        settlement = Settlement(SettleAction.DEAD_LETTER, attempts, outcome)
+        message = dlq_message(
+            d,
+            settlement,
+            first_seen_at=first_seen_at,
+            queue=self._queue_of(d),
+            dlx=self.config.names.dead_letter_exchange,
+            failed_at=self.clock(),
+        )
+        self._writer.write(
+            connection, channel, message, f"DLQ record for message_id={d.message_id}"
+        )
+        self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
+        self._report(d.report("dead-lettered", attempts))
+
+    def _queue_of(self, d: Delivery) -> str:
+        """The shard queue that delivered ``d`` (by its consumer tag)."""
+        return self._consumers.get(str(getattr(d.method, "consumer_tag", "")), "?")
+
+    def _settle(self, channel: Any, d: Delivery, settle: Callable[[], None]) -> None:
+        """Settle on the delivering channel only (never on a later one: 406 unknown tag)."""
+        if not channel.is_open:
+            raise ConnectionLost(
+                f"message_id={d.message_id}: channel closed before settlement; redelivered"
+            )
+        settle()
+        self.handled += 1
+        self._settled = True
+
+    def _report(self, report: DeliveryReport) -> None:
+        self.on_report(report)
+
+
+def _wake(connection: Any) -> None:
+    """Wake process_data_events from the handler thread (the connection may be closed)."""
+    try:
+        connection.add_callback_threadsafe(lambda: None)
+    except Exception:  # closed: nobody waits for the wake-up then
+        return

@@ -1,0 +1,190 @@
+"""Per-key ordering on a real broker: the ordered topology (consistent-hash exchange, shard
+queues with single active consumer) and the ordered consumer's retries, dead-letters and
+parked keys."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_lab.dedup import open_store
+from amqp_lab.dlq.ops import browse, replay
+from amqp_lab.dlq.record import Selection
+from amqp_lab.errors import BusinessError, TransientError
+from amqp_lab.management import ManagementClient
+from amqp_lab.message import Task, message_for
+from amqp_lab.ordering import OrderedConfig, OrderedConsumer
+from amqp_lab.publishing import Publisher
+from amqp_lab.retry.policy import RetryPolicy
+from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import apply_topology, load_topology, verify_topology
+from amqp_lab.topology.ordered import with_ordered
+from tests.support import consumer_count, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.foundation, pytest.mark.timeout(120)]
+
+FAST = RetryPolicy("backoff", max_attempts=3, base=0.05, cap=0.2)
+
+
+@pytest.fixture
+def ordered(vhost: BrokerSettings) -> BrokerSettings:
+    apply_topology(vhost, with_ordered(load_topology(), shards=4))
+    return vhost
+
+
+def publish_keys(settings: BrokerSettings, plan: list[tuple[str, int]]) -> None:
+    names = with_ordered(load_topology(), shards=4).names
+    with Publisher(settings) as publisher:
+        for key, seq in plan:
+            body = {"key": key, "seq": seq}
+            publisher.publish(message_for(names, body, message_id=f"{key}-{seq}", key=key))
+
+
+class Recorder:
+    """A handler that records (key, seq) in the dedup transaction and fails on cue."""
+
+    def __init__(self, fail: dict[str, list[type[Exception]]] | None = None) -> None:
+        self.fail = fail or {}
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, task: Task, db: Any) -> None:
+        with self.lock:
+            self.calls.append(task.message_id)
+        db.execute("CREATE TABLE IF NOT EXISTS effects (id TEXT, key TEXT, seq INTEGER)")
+        errors = self.fail.get(task.message_id)
+        if errors:
+            raise errors.pop(0)(f"failing {task.message_id} on cue")
+        db.execute(
+            "INSERT INTO effects (id, key, seq) VALUES (?, ?, ?)",
+            (task.message_id, task.body["key"], task.body["seq"]),
+        )
+
+
+def effects(path: Path) -> list[tuple[str, str, int]]:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return [tuple(r) for r in db.execute("SELECT id, key, seq FROM effects ORDER BY rowid")]
+
+
+def run_consumer(
+    settings: BrokerSettings, handler: Recorder, db: Path, **options: Any
+) -> OrderedConsumer:
+    names = with_ordered(load_topology(), shards=4).names
+    store = open_store(str(db))
+    config = OrderedConfig(names, retry=FAST, idle_exit=1.0, **options)
+    consumer = OrderedConsumer(settings, handler, store, config)
+    try:
+        consumer.run()
+    finally:
+        store.close()
+    return consumer
+
+
+def test_the_ordered_topology_applies_verifies_and_spreads_keys(ordered: BrokerSettings) -> None:
+    topology = with_ordered(load_topology(), shards=4)
+    assert verify_topology(ordered, topology) == []
+    publish_keys(ordered, [(f"k{i}", 1) for i in range(200)])
+    with ManagementClient(ordered) as api:
+        for shard in topology.names.shard_queues:
+            info = api.queue(ordered.vhost, shard) or {}
+            assert info.get("arguments", {}).get("x-single-active-consumer") is True
+    counts = {}
+    for shard in topology.names.shard_queues:
+        counts[shard] = len(browse(ordered, shard))
+    assert sum(counts.values()) == 200
+    assert all(n > 0 for n in counts.values()), counts  # every shard gets keys
+    assert len(browse(ordered, topology.names.audit_queue or "")) == 200  # the audit copy
+
+
+def test_a_failing_key_holds_only_its_own_later_messages(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    plan = [(key, seq) for seq in range(1, 6) for key in ("a", "b", "c")]
+    publish_keys(ordered, plan)
+    handler = Recorder({"a-2": [TransientError, TransientError]})  # succeeds on the 3rd try
+    run_consumer(ordered, handler, tmp_path / "s.db")
+    done = effects(tmp_path / "s.db")
+    assert sorted(i for i, _, _ in done) == sorted(f"{k}-{s}" for k, s in plan)  # once each
+    for key in ("a", "b", "c"):
+        assert [s for _, k, s in done if k == key] == [1, 2, 3, 4, 5]
+    assert handler.calls.count("a-2") == 3
+    # while a-2 waited, a-3 did not run before it, but the other keys went on
+    first_a2 = handler.calls.index("a-2")
+    assert handler.calls.index("a-3") > len(handler.calls) - 1 - handler.calls[::-1].index("a-2")
+    others = [c for c in handler.calls[first_a2:] if not c.startswith("a-")]
+    assert others, "other keys waited behind the failing key"
+
+
+def test_continue_after_dead_letter_runs_the_key_on(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    publish_keys(ordered, [("a", 1), ("a", 2), ("a", 3)])
+    handler = Recorder({"a-2": [BusinessError]})
+    run_consumer(ordered, handler, tmp_path / "s.db")
+    assert [i for i, _, _ in effects(tmp_path / "s.db")] == ["a-1", "a-3"]
+    assert [e.message_id for e in browse(ordered, "q:tasks:dlq")] == ["a-2"]
+
+
+def test_park_sends_the_key_to_the_dlq_until_a_replay_releases_it(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    publish_keys(ordered, [("a", 1), ("b", 1), ("a", 2), ("a", 3), ("b", 2)])
+    handler = Recorder({"a-1": [TransientError] * 3})  # exhausts 3 tries: dead-lettered
+    db = tmp_path / "s.db"
+    run_consumer(ordered, handler, db, after_dead_letter="park")
+    assert [i for i, _, _ in effects(db)] == ["b-1", "b-2"]
+    records = browse(ordered, "q:tasks:dlq")
+    assert [(e.message_id, e.error_type) for e in records] == [
+        ("a-1", "TransientError"),
+        ("a-2", "KeyParked"),
+        ("a-3", "KeyParked"),
+    ]
+    publish_keys(ordered, [("a", 4)])  # still parked: behind the others in the DLQ
+    run_consumer(ordered, handler, db, after_dead_letter="park")
+    assert [e.message_id for e in browse(ordered, "q:tasks:dlq")][-1] == "a-4"
+    # the fix is in: replay the key, blocker first; it releases the key
+    results = replay(ordered, Selection(key="a").matches, queue="q:tasks:dlq")
+    assert [r.status for r in results] == ["replayed"] * 4
+    run_consumer(ordered, handler, db, after_dead_letter="park")
+    assert [i for i, _, _ in effects(db)] == ["b-1", "b-2", "a-1", "a-2", "a-3", "a-4"]
+    assert browse(ordered, "q:tasks:dlq") == []
+
+
+def test_a_standby_takes_a_shard_over_in_order(ordered: BrokerSettings, tmp_path: Path) -> None:
+    """Two workers: each shard has one active consumer; the first stops with deliveries held
+    (a key waiting for its retry) and the standby gets them back in order."""
+    names = with_ordered(load_topology(), shards=4).names
+    publish_keys(ordered, [("a", s) for s in range(1, 6)])
+    first_store = open_store(str(tmp_path / "s.db"))
+    blocked = Recorder({"a-1": [TransientError] * 2})
+    slow = RetryPolicy("backoff", max_attempts=3, base=30.0, cap=30.0)  # waits 0..30 s
+    first = OrderedConsumer(
+        ordered, blocked, first_store, OrderedConfig(names, retry=slow), uniform=lambda a, b: b
+    )
+    thread = threading.Thread(target=first.run, daemon=True)
+    thread.start()
+    second_store = open_store(str(tmp_path / "s.db"))
+    handler = Recorder()
+    standby = OrderedConsumer(ordered, handler, second_store, OrderedConfig(names, idle_exit=8))
+    try:
+        wait_for(lambda: blocked.calls == ["a-1"], 20, what="the first worker ran a-1 once")
+        standby_thread = threading.Thread(target=standby.run, daemon=True)
+        standby_thread.start()
+        wait_for(
+            lambda: all(consumer_count(ordered, q) == 2 for q in names.shard_queues),
+            20,
+            what="both workers subscribed to every shard",
+        )
+        assert handler.calls == []  # the standby stands by
+        first.stop()
+        thread.join(10)
+        standby_thread.join(30)
+    finally:
+        first_store.close()
+        second_store.close()
+    assert [i for i, _, _ in effects(tmp_path / "s.db")] == [f"a-{s}" for s in range(1, 6)]
