@@ -5,6 +5,7 @@ of a skewed sample, 0 on a uniform one, and reads the real shard queues with --l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from amqp_lab.ordering.key_sources import zipf_sample
 from amqp_lab.ordering.probe import PLUGIN_MISSING, probe_placement
 from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
-from tests.support import run_script, wait_for
+from tests.support import run_script, wait_for, wait_ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,20 @@ def test_report_live_reads_the_shard_queues(chx: BrokerSettings) -> None:
     result = run_script(chx, "keys.py", "report", "--live", "--shard-threshold", "0.5")
     assert "WARN hot-shard: shard 4" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 2
+
+
+def test_report_audit_reads_key_headers_and_leaves_the_messages(topology: BrokerSettings) -> None:
+    audit = "q:tasks:audit"
+    with open_channel(topology) as channel:
+        channel.confirm_delivery()
+        for key in ["hot"] * 8 + ["a", "b"]:
+            channel.basic_publish("", audit, b"{}", pika.BasicProperties(headers={"key": key}))
+        channel.basic_publish("", audit, b"{}")  # no key header
+    result = run_script(topology, "keys.py", "report", "--audit", "--offline", "--json")
+    assert result.returncode == 2, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["messages"], report["distinct_keys"], report["unkeyed"]) == (10, 3, 1)
+    top = report["top_keys"][0]
+    assert (top["key"], top["count"], top["share"]) == ("hot", 8, 0.8)
+    assert {"hot-key", "hot-shard", "few-keys"} == {w["kind"] for w in report["warnings"]}
+    wait_ready_count(topology, audit, 11)
