@@ -65,6 +65,7 @@ class TestBroker:
     restart_fn: Callable[[], None] | None = None
     kill_fn: Callable[[], None] | None = None
     ctl_fn: Callable[..., str] | None = None  # rabbitmqctl on the broker's node
+    plugins_fn: Callable[..., str] | None = None  # rabbitmq-plugins on the broker's node
     close_fn: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
     version: str = "?"
@@ -105,6 +106,14 @@ class TestBroker:
         """Run ``rabbitmqctl ARGS`` against the test broker's node; return its output."""
         assert self.ctl_fn is not None
         return self.ctl_fn(*args)
+
+    def plugins_enable(self, *plugins: str) -> bool:
+        """``rabbitmq-plugins enable PLUGINS`` on the test broker's node (online: the running
+        node starts them); False when this kind of broker offers no way to do it."""
+        if self.plugins_fn is None:
+            return False
+        self.plugins_fn("enable", *plugins)
+        return True
 
     def kill_and_start(self) -> None:
         assert self.kill_fn is not None
@@ -246,6 +255,7 @@ def from_testcontainers() -> TestBroker:
         restart_fn=lambda: wrapped.restart(timeout=30),
         kill_fn=lambda: _kill_container(wrapped),
         ctl_fn=lambda *args: _exec_ok(container, ["rabbitmqctl", *args]),
+        plugins_fn=lambda *args: _exec_ok(container, ["rabbitmq-plugins", *args]),
         close_fn=container.stop,
     )
     broker.notes.extend(notes)

@@ -187,6 +187,12 @@ def _declare(
         action(channel)
         return channel
     except pe.ChannelClosedByBroker as e:
+        if "unknown exchange type" in str(e.reply_text):  # 4.3: 406 on the channel
+            raise TopologyError(
+                f"{kind} {name!r}: the broker does not know the exchange type "
+                f"({e.reply_text}); the ordered topology's x-consistent-hash exchange needs "
+                "the plugin: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"
+            ) from e
         if e.reply_code == 406:
             raise PreconditionFailed(
                 f"{kind} {name!r} already exists with different properties: {e.reply_text}. "
