@@ -34,6 +34,7 @@ from amqp_lab.dedup.retention import (
     PeriodicPurge,
     check_retention,
 )
+from amqp_lab.ordering import OrderedConfig, OrderedConsumer
 from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 
@@ -102,6 +103,13 @@ def main(
         "--max-attempts", type=int, default=5, help="backoff: deliveries before the DLQ (1-10)"
     )
     parser.add_argument("--base", type=float, default=1.0, help="backoff: base wait, seconds")
+    parser.add_argument(
+        "--after-dead-letter",
+        choices=["continue", "park"],
+        default="continue",
+        help="--ordered: after a key's message is dead-lettered, run the key's next message "
+        "(continue) or send the key's later messages to the DLQ until a replay (park)",
+    )
     parser.add_argument(
         "--cap",
         type=float,
@@ -208,7 +216,7 @@ def main(
             f"--prefetch must be at least --concurrency x --ack-batch "
             f"({args.concurrency * args.ack_batch}): handlers beyond it would sit idle"
         )
-    if args.retry == "backoff" and not 1 <= args.max_attempts <= max_attempts:
+    if args.retry == "backoff" and not names.shards and not 1 <= args.max_attempts <= max_attempts:
         parser.error(
             f"--max-attempts must be 1..{max_attempts} (the topology has "
             f"{names.wait_queues} wait queues, one per retry)"
@@ -254,7 +262,20 @@ def main(
     def report(r: DeliveryReport) -> None:
         print(r.line(), flush=True)
 
-    consumer = Consumer(settings, handler, store, config, on_report=report)
+    consumer: Consumer | OrderedConsumer
+    if names.shards:  # per-key order: in-worker retries (docs/ordering.md)
+        ordered = OrderedConfig(
+            names,
+            prefetch=max(args.prefetch, 50),
+            retry=RetryPolicy("backoff", max(1, args.max_attempts), args.base, args.cap),
+            after_dead_letter=args.after_dead_letter,
+            idle_exit=args.idle_exit,
+            max_messages=args.max_messages,
+            max_redeliveries=args.max_redeliveries,
+        )
+        consumer = OrderedConsumer(settings, handler, store, ordered, on_report=report)
+    else:
+        consumer = Consumer(settings, handler, store, config, on_report=report)
     drain = SignalDrain(consumer, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
     try:
         with drain:

@@ -150,6 +150,7 @@ class OrderedConsumer:
         self.state = State.STOPPED
         self.handled = 0
         self.connections_opened = 0
+        self.stop_reason: str | None = None
         self._stop = threading.Event()
         self._cancelled = False
         self._settled = False
@@ -168,6 +169,7 @@ class OrderedConsumer:
     def stop(self, reason: str = "stop requested") -> None:
         """Return after the delivery running now (thread- and signal-safe); what is held goes
         back to the shards, in order, when the connection closes."""
+        self.stop_reason = reason
         self._stop.set()
 
     def run(self) -> int:

@@ -156,6 +156,16 @@ def _wait_effective_policies(
         time.sleep(0.25)
 
 
+def _unknown_exchange_type(kind: str, name: str, reply_text: str) -> TopologyError:
+    """The broker refused an exchange type it does not know: 406 on the channel (4.3) or 503
+    on the connection (older releases)."""
+    return TopologyError(
+        f"{kind} {name!r}: the broker does not know the exchange type ({reply_text}); the "
+        "ordered topology's x-consistent-hash exchange needs the plugin: rabbitmq-plugins "
+        "enable rabbitmq_consistent_hash_exchange"
+    )
+
+
 def _bind(channel: Any, binding: Binding) -> None:
     """queue.bind, or exchange.bind for an exchange-to-exchange binding
     (https://www.rabbitmq.com/docs/e2e)."""
@@ -188,11 +198,7 @@ def _declare(
         return channel
     except pe.ChannelClosedByBroker as e:
         if "unknown exchange type" in str(e.reply_text):  # 4.3: 406 on the channel
-            raise TopologyError(
-                f"{kind} {name!r}: the broker does not know the exchange type "
-                f"({e.reply_text}); the ordered topology's x-consistent-hash exchange needs "
-                "the plugin: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"
-            ) from e
+            raise _unknown_exchange_type(kind, name, str(e.reply_text)) from e
         if e.reply_code == 406:
             raise PreconditionFailed(
                 f"{kind} {name!r} already exists with different properties: {e.reply_text}. "
@@ -204,11 +210,7 @@ def _declare(
         raise translate(e, settings) from e
     except pe.ConnectionClosedByBroker as e:
         if "unknown exchange type" in str(e.reply_text):
-            raise TopologyError(
-                f"{kind} {name!r}: the broker does not know the exchange type "
-                f"({e.reply_text}); the ordered topology's x-consistent-hash exchange needs "
-                "the plugin: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"
-            ) from e
+            raise _unknown_exchange_type(kind, name, str(e.reply_text)) from e
         raise translate(e, settings) from e
     except Exception as e:
         raise translate(e, settings) from e

@@ -22,7 +22,7 @@ from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology
 from amqp_lab.topology.ordered import with_ordered
-from tests.support import consumer_count, wait_for
+from tests.support import consumer_count, ready_count, run_script, run_worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation, pytest.mark.timeout(120)]
 
@@ -188,3 +188,18 @@ def test_a_standby_takes_a_shard_over_in_order(ordered: BrokerSettings, tmp_path
         first_store.close()
         second_store.close()
     assert [i for i, _, _ in effects(tmp_path / "s.db")] == [f"a-{s}" for s in range(1, 6)]
+
+
+def test_publish_and_worker_scripts_run_the_ordered_variant(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    refused = run_script(ordered, "publish.py", "--ordered", "4", "--count", "1")
+    assert refused.returncode == 2 and "--key KEY or --keys K" in refused.stderr
+    sent = run_script(ordered, "publish.py", "--ordered", "4", "--keys", "3", "--count", "6")
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    rows = run_worker(ordered, tmp_path, "--ordered", "4")
+    assert [r["outcome"] for r in rows if "outcome" in r] == ["processed"] * 6
+    assert (
+        sum(ready_count(ordered, q) for q in with_ordered(load_topology(), 4).names.shard_queues)
+        == 0
+    )
