@@ -20,12 +20,16 @@ from amqp_lab.errors import AmqpLabError, ConfigurationError
 from amqp_lab.settings import BrokerSettings, mask_url
 from amqp_lab.topology import (
     DEFAULT_DELIVERY_LIMIT,
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_LENGTH_BYTES,
+    DEFAULT_MAX_SEGMENT_SIZE_BYTES,
     DEFAULT_TOPOLOGY,
     QUEUE_TYPES,
     QueueType,
     Topology,
     load_topology,
     with_queue_type,
+    with_stream_audit,
 )
 from amqp_lab.topology.ordered import with_ordered
 
@@ -35,6 +39,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_UNROUTABLE",
+    "add_audit_option",
     "add_queue_type_option",
     "add_topology_option",
     "load_callable",
@@ -135,17 +140,62 @@ def add_queue_type_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_audit_option(parser: argparse.ArgumentParser) -> None:
+    """``--audit queue|stream`` with ``--audit-max-bytes``, ``--audit-max-age`` and
+    ``--audit-segment-bytes``: the audit queue as the file declares it, or as a stream with
+    retention (:func:`amqp_lab.topology.with_stream_audit`, docs/audit-stream.md)."""
+    parser.add_argument(
+        "--audit",
+        choices=("queue", "stream"),
+        default="queue",
+        help="queue: the audit queue as the file declares it (default); stream: a stream "
+        "with retention, read with scripts/audit.py (docs/audit-stream.md)",
+    )
+    parser.add_argument(
+        "--audit-max-bytes",
+        type=int,
+        default=DEFAULT_MAX_LENGTH_BYTES,
+        metavar="BYTES",
+        help="stream only: retention by size, max-length-bytes by policy; the stream keeps up "
+        f"to this plus one segment (default {DEFAULT_MAX_LENGTH_BYTES})",
+    )
+    parser.add_argument(
+        "--audit-max-age",
+        default=DEFAULT_MAX_AGE,
+        metavar="AGE",
+        help=f"stream only: retention by age, max-age by policy, e.g. 12h, 7D; 'none' for "
+        f"size only (default {DEFAULT_MAX_AGE})",
+    )
+    parser.add_argument(
+        "--audit-segment-bytes",
+        type=int,
+        default=DEFAULT_MAX_SEGMENT_SIZE_BYTES,
+        metavar="BYTES",
+        help="stream only: x-stream-max-segment-size-bytes, a declare argument: retention drops "
+        f"whole segments (default {DEFAULT_MAX_SEGMENT_SIZE_BYTES})",
+    )
+
+
 def topology_from(args: argparse.Namespace) -> Topology:
-    """The topology ``--topology`` names, of the ``--queue-type`` asked for when the command
-    has that option, its ordered variant with ``--ordered SHARDS``; raises TopologyError (one
-    line) when it is bad."""
+    """The topology ``--topology`` names, of the ``--queue-type`` asked for and with the
+    ``--audit`` variant when the command has those options, its ordered variant with
+    ``--ordered SHARDS``; raises TopologyError (one line) when it is bad."""
     topology = load_topology(Path(args.topology))
     queue_type: QueueType = getattr(args, "queue_type", "classic")
     limit = getattr(args, "delivery_limit", DEFAULT_DELIVERY_LIMIT)
     shards = getattr(args, "ordered", 0)
     if shards:
         topology = with_ordered(topology, shards)
-    return with_queue_type(topology, queue_type, limit)
+    topology = with_queue_type(topology, queue_type, limit)
+    if getattr(args, "audit", "queue") == "stream":
+        max_age = args.audit_max_age
+        topology = with_stream_audit(
+            topology,
+            max_length_bytes=args.audit_max_bytes,
+            max_age=None if max_age.lower() == "none" else max_age,
+            max_segment_size_bytes=args.audit_segment_bytes,
+        )
+    return topology
 
 
 def load_callable(spec: str) -> Any:

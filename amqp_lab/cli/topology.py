@@ -10,13 +10,14 @@ import argparse
 from amqp_lab.cli.common import (
     EXIT_ALERT,
     EXIT_OK,
+    add_audit_option,
     add_queue_type_option,
     add_topology_option,
     run,
     settings_from_env,
     topology_from,
 )
-from amqp_lab.topology import apply_topology, queue_type_of, verify_topology
+from amqp_lab.topology import Topology, apply_topology, is_stream, queue_type_of, verify_topology
 
 __all__ = ["entry", "main"]
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true", help="compare live vhost with the data")
     add_topology_option(parser)
     add_queue_type_option(parser)
+    add_audit_option(parser)
     args = parser.parse_args(argv)
     topology = topology_from(args)
     settings = settings_from_env("amqp-lab setup_topology")
@@ -39,19 +41,25 @@ def main(argv: list[str] | None = None) -> int:
         if drift:
             return EXIT_ALERT
         print(
-            f"vhost {settings.vhost!r}: {queue_type_of(topology)} topology in sync "
-            f"({settings.masked_url})"
+            f"vhost {settings.vhost!r}: {_kind(topology)} topology in sync ({settings.masked_url})"
         )
         return EXIT_OK
     report = apply_topology(settings, topology)
     for name in report.created:
         print(f"created {name}")
     print(
-        f"vhost {settings.vhost!r}: {queue_type_of(topology)} topology, "
+        f"vhost {settings.vhost!r}: {_kind(topology)} topology, "
         f"{len(report.created)} created, "
         f"{len(report.unchanged)} unchanged ({settings.masked_url})"
     )
     return EXIT_OK
+
+
+def _kind(topology: Topology) -> str:
+    """``classic`` / ``quorum``, with ``, stream audit`` when the audit queue is a stream."""
+    audit = topology.named.audit_queue if topology.named is not None else None
+    stream = audit is not None and is_stream(topology.queue(audit))
+    return queue_type_of(topology) + (" (stream audit)" if stream else "")
 
 
 def entry() -> None:

@@ -13,10 +13,20 @@ from amqp_lab.topology.queue_type import (
     queue_type_of,
     with_queue_type,
 )
+from amqp_lab.topology.stream_audit import (
+    DEFAULT_MAX_AGE,
+    DEFAULT_MAX_LENGTH_BYTES,
+    DEFAULT_MAX_SEGMENT_SIZE_BYTES,
+    is_stream,
+    with_stream_audit,
+)
 from amqp_lab.topology.verify import live_queue_arguments, verify_topology
 
 __all__ = [
     "DEFAULT_DELIVERY_LIMIT",
+    "DEFAULT_MAX_AGE",
+    "DEFAULT_MAX_LENGTH_BYTES",
+    "DEFAULT_MAX_SEGMENT_SIZE_BYTES",
     "DEFAULT_TOPOLOGY",
     "QUEUE_TYPES",
     "ApplyReport",
@@ -29,10 +39,12 @@ __all__ = [
     "Topology",
     "apply_topology",
     "for_broker",
+    "is_stream",
     "live_queue_arguments",
     "load_topology",
     "queue_type_of",
     "topology_from_definitions",
     "verify_topology",
     "with_queue_type",
+    "with_stream_audit",
 ]

@@ -21,7 +21,9 @@ classic mirroring was removed in RabbitMQ 4.0 (https://www.rabbitmq.com/docs/quo
   RabbitMQ 4.0 a quorum queue's default limit is 20, and past it a queue without a DLX drops
   the message - listing the DLQ (basic.get then basic.nack requeue) counts as a return up to
   4.2 (https://www.rabbitmq.com/docs/quorum-queues#poison-message-handling);
-* ``queue-mode`` (a classic-queue key, gone since 4.3) is left out.
+* ``queue-mode`` (a classic-queue key, gone since 4.3) is left out;
+* a stream (the audit queue of :func:`~amqp_lab.topology.stream_audit.with_stream_audit`) is
+  already replicated and stays a stream, and a policy that applies to streams only is kept.
 
 Wait queues stay per-message-TTL queues, which quorum queues support since 3.10; the
 broker's own delayed retry for quorum queues (4.3) is linear with no jitter, so the wait
@@ -56,8 +58,9 @@ _CLASSIC_ONLY_KEYS = ("queue-mode", "queue-version", "queue-master-locator")
 
 def queue_type_of(topology: Topology) -> QueueType:
     """``quorum`` when every queue of the topology is declared ``x-queue-type: quorum``, else
-    ``classic``."""
+    ``classic``; a stream (the audit queue's stream variant) counts for neither."""
     types = {dict(q.arguments).get("x-queue-type", "classic") for q in topology.queues}
+    types.discard("stream")
     return "quorum" if types == {"quorum"} else "classic"
 
 
@@ -75,9 +78,26 @@ def with_queue_type(
         raise TopologyError(f"unknown queue type {queue_type!r}: choose classic or quorum")
     if delivery_limit < 1:
         raise TopologyError(f"delivery_limit must be >= 1, not {delivery_limit}")
-    queues = tuple(_quorum_queue(q) for q in topology.queues)
-    policies = tuple(_quorum_policy(p, delivery_limit) for p in topology.policies)
+    streams = {q.name for q in topology.queues if _is_stream(q)}
+    queues = tuple(q if q.name in streams else _quorum_queue(q) for q in topology.queues)
+    effective = _effective(topology)
+    governed = {p.name: {q for q, e in effective.items() if e == p.name} for p in topology.policies}
+    stream_only = {
+        name for name, queues_of in governed.items() if queues_of and queues_of <= streams
+    }
+    policies = tuple(
+        p if p.name in stream_only else _quorum_policy(p, delivery_limit) for p in topology.policies
+    )
     return replace(topology, queues=queues, policies=policies)
+
+
+def _effective(topology: Topology) -> dict[str, str | None]:
+    """Each queue's effective policy name (None when no policy applies)."""
+    return {q.name: getattr(topology.policy_for(q.name), "name", None) for q in topology.queues}
+
+
+def _is_stream(queue: Queue) -> bool:
+    return dict(queue.arguments).get("x-queue-type") == "stream"
 
 
 def _quorum_queue(queue: Queue) -> Queue:

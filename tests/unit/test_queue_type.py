@@ -96,7 +96,9 @@ def test_delivery_limit_is_configurable_and_a_policy_limit_wins(lab: Topology) -
     [
         pytest.param(Queue("q", durable=False), "durable", id="transient"),
         pytest.param(Queue("q", auto_delete=True), "auto-delete", id="auto-delete"),
-        pytest.param(Queue("q", arguments=(("x-queue-type", "stream"),)), "stream", id="stream"),
+        pytest.param(
+            Queue("q", arguments=(("x-queue-type", "classic"),)), "classic", id="declared-classic"
+        ),
     ],
 )
 def test_a_queue_that_cannot_be_quorum_is_refused(queue: Queue, problem: str) -> None:
