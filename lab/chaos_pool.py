@@ -15,6 +15,7 @@ from pathlib import Path
 
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
+from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
@@ -44,6 +45,10 @@ class PublisherThread(threading.Thread):
         self.attempts = 0  # publishes made, retries included
         self.go = threading.Event()  # set it to start publishing (the connection is open)
 
+    def message(self, seq: int) -> OutgoingMessage:
+        """The ``seq``-th message (1-based): an ok task, message_id ``{run_id}-{seq:06d}``."""
+        return task_message("ok", seq, f"{self.run_id}-{seq:06d}")
+
     def run(self) -> None:
         retry = PublishRetry(max_attempts=20, base=0.1, cap=2.0)
         with Publisher(self.settings, retry) as publisher:
@@ -56,7 +61,7 @@ class PublisherThread(threading.Thread):
             for seq in range(1, self.count + 1):
                 if self.rate > 0:
                     time.sleep(max(0.0, start + seq / self.rate - time.monotonic()))
-                message = task_message("ok", seq, f"{self.run_id}-{seq:06d}")
+                message = self.message(seq)
                 copies = 2 if self.dup_every and seq % self.dup_every == 0 else 1
                 try:
                     for _ in range(copies):

@@ -5,6 +5,14 @@ then check that every confirmed message_id was applied exactly once or dead-lett
     python scripts/chaos.py [--messages 2000] [--kills 5] [--workers 3] [--closes F]
                             [--dedup-url URL] [--unsafe-auto-ack] [--seed S] [--json]
     python scripts/chaos.py --cluster [--messages 2000] [--kills 5] ...   (docs/cluster.md)
+    python scripts/chaos.py --ordered [--keys 50] [--shards 4] [--fail-every 7] ...
+                                                                          (docs/ordering.md)
+
+With --ordered, the N messages go over K keys through the ordered topology (each body carries
+its key and per-key seq, message_id KEY-SEQ), the workers are ordered consumers subscribed to
+every shard (single active consumer), every message whose seq % fail-every == 3 fails
+transiently on its first try, and the invariant adds per-key order: every key's effects are
+applied in seq order (out_of_order = 0).
 
 With --cluster, EAI_AMQP_URL lists the nodes of a three-node cluster (scripts/cluster.py env)
 and each of the F kills is a SIGKILL of the node that hosts the leader of quorum queue q:tasks,
@@ -37,8 +45,11 @@ from amqp_lab.dlq.ops import depth
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, with_queue_type
+from amqp_lab.topology.ordered import with_ordered
 from lab.chaos import create_ledger, plan_events
 from lab.chaos_cluster import ClusterChaosPlan, check_addresses, run_cluster_chaos
+from lab.chaos_ordered_run import OrderedChaosRun
+from lab.chaos_ordered_worker import FirstTryFaults, run_ordered_worker
 from lab.chaos_pool import connection_name
 from lab.chaos_run import ChaosPlan, ChaosRun
 from lab.chaos_worker import QUEUE, run_worker
@@ -79,10 +90,18 @@ def parse_args() -> argparse.Namespace:
     cluster.add_argument("--cluster-amqp-port", type=int, default=5701, help="node 1's")
     cluster.add_argument("--cluster-management-port", type=int, default=15701, help="node 1's")
     cluster.add_argument("--window", type=int, default=50, help="unconfirmed publishes at most")
+    ordered = parser.add_argument_group("--ordered: per-key order (docs/ordering.md)")
+    ordered.add_argument("--ordered", action="store_true", help="keyed messages, ordered workers")
+    ordered.add_argument("--keys", type=int, default=50, metavar="K")
+    ordered.add_argument("--shards", type=int, default=4, metavar="S")
+    ordered.add_argument(
+        "--fail-every", type=int, default=7, metavar="E", help="seq %% E == 3 fails once; 0: none"
+    )
     parser.add_argument("--json", action="store_true", help="last line: the JSON summary")
     parser.add_argument("--worker-process", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stop-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--faults-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.messages < 1 or args.workers < 1 or min(args.kills, args.duplicate_every) < 0:
         parser.error("--messages and --workers must be >= 1, --kills and --duplicate-every >= 0")
@@ -96,11 +115,27 @@ def parse_args() -> argparse.Namespace:
         parser.error("--cluster needs --kills >= 1 and --window >= 1")
     if args.cluster and args.messages < 10 * (args.kills + 1):
         parser.error("--cluster needs --messages >= 10 * (--kills + 1): a portion per kill")
+    if args.ordered and (args.cluster or args.unsafe_auto_ack or args.ack_batch != 1):
+        parser.error("--ordered: no --cluster, --unsafe-auto-ack or --ack-batch")
+    if args.ordered and (args.keys < 1 or args.fail_every < 0 or not 1 <= args.shards <= 1000):
+        parser.error("--ordered needs --keys >= 1, --shards 1..1000, --fail-every >= 0")
     return args
 
 
 def main() -> int:
     args = parse_args()
+    if args.worker_process and args.ordered:
+        return run_ordered_worker(
+            settings_from_env(connection_name(args.worker_process)),
+            args.dedup_url,
+            Path(args.faults_file),
+            args.run_id,
+            args.worker_process,
+            Path(args.stop_file),
+            args.shards,
+            args.fail_every,
+            args.work_ms / 1000,
+        )
     if args.worker_process:
         return run_worker(
             settings_from_env(connection_name(args.worker_process)),
@@ -115,6 +150,8 @@ def main() -> int:
         )
     if args.cluster:
         return cluster_main(args)
+    if args.ordered:
+        return ordered_main(args)
     settings = settings_from_env("amqp-lab chaos")
     apply_topology(settings, load_topology())
     run_id, workdir = prepare_run(settings, args)
@@ -177,6 +214,62 @@ def prepare_run(settings: BrokerSettings, args: argparse.Namespace) -> tuple[str
     workdir = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=ROOT / ".state"))
     args.dedup_url = args.dedup_url or str(workdir / "dedup.sqlite3")
     return run_id, workdir
+
+
+def ordered_main(args: argparse.Namespace) -> int:
+    """The --ordered run: ordered topology, ordered workers, kills and closes, the per-key order
+    summary (lab.chaos_ordered_run)."""
+    settings = settings_from_env("amqp-lab chaos")
+    topology = with_ordered(load_topology(), shards=args.shards)
+    apply_topology(settings, topology)
+    if any(depth(settings, q) for q in topology.names.shard_queues):
+        raise ConfigurationError(
+            f"a shard queue in vhost {settings.vhost!r} is not empty; the crash test needs "
+            "them empty"
+        )
+    run_id, workdir = prepare_run(settings, args)
+    faults = workdir / "faults.sqlite3"
+    store = open_store(args.dedup_url)
+    command = [sys.executable, str(Path(__file__).resolve()), "--ordered", "--dedup-url"]
+    command += [args.dedup_url, "--run-id", run_id, "--stop-file", str(workdir / "stop")]
+    command += ["--work-ms", str(args.work_ms), "--shards", str(args.shards)]
+    command += ["--fail-every", str(args.fail_every), "--faults-file", str(faults)]
+    plan = ChaosPlan(
+        args.messages,
+        args.kills,
+        args.workers,
+        args.duplicate_every,
+        args.publish_rate,
+        seed=args.seed,
+    )
+    FirstTryFaults(faults).close()  # the table, before any worker or the summary reads it
+    chaos = OrderedChaosRun(
+        plan, settings, run_id, workdir, command, args.keys, args.shards, faults
+    )
+    try:
+        create_ledger(store)
+        closes = args.kills if args.closes is None else args.closes
+        chaos.log(
+            f"run {run_id}: ordered, {args.messages} messages over {args.keys} keys, "
+            f"{args.shards} shards, {args.workers} workers, {args.kills} kills, {closes} forced "
+            f"closes, seq % {args.fail_every} == 3 fails once, store {store.location}"
+        )
+        chaos.start()
+        chaos.chaos_phase(plan_events(chaos.rng, args.messages, args.kills, closes))
+        summary = chaos.summary(store, chaos.drain())
+    finally:
+        chaos.pool.kill_all()
+        store.close()
+    for key, value in summary.items():
+        print(f"{key}={value}")
+    holds = summary["invariant_holds"]
+    if holds:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"INVARIANT VIOLATED; worker output and store kept in {workdir}")
+    if args.json:
+        print(json.dumps(summary))
+    return EXIT_OK if holds else EXIT_INVARIANT
 
 
 def cluster_main(args: argparse.Namespace) -> int:

@@ -70,7 +70,7 @@ from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
 
-__all__ = ["OrderedConfig", "OrderedConsumer", "key_of"]
+__all__ = ["OrderedConfig", "OrderedConsumer", "drop_connection", "key_of"]
 
 log = logging.getLogger(__name__)
 
@@ -203,11 +203,11 @@ class OrderedConsumer:
         finally:
             self.state = State.STOPPED
             self._executor.shutdown(wait=True)
-            close_quietly(self._connection)
+            drop_connection(self._connection)
 
     # --- one connection ---------------------------------------------------------------------
     def _session(self) -> None:
-        close_quietly(self._connection)
+        drop_connection(self._connection)
         self._lines.clear()  # the old connection's deliveries are back in the shards
         self._inbox.clear()
         self._cancelled = False
@@ -388,3 +388,32 @@ def _wake(connection: Any) -> None:
         connection.add_callback_threadsafe(lambda: None)
     except Exception:  # closed: nobody waits for the wake-up then
         return
+
+
+def drop_connection(connection: Any) -> None:
+    """End ``connection`` the way a crash does: close its TCP stream without basic.cancel or
+    channel.close (pika's graceful close cancels every consumer first).
+
+    Why: on basic.cancel single active consumer activates a standby at once, while this
+    worker's held deliveries are still unacked on the closing channel; the standby then runs
+    a key's next ready message before the held earlier ones come back (found by
+    ``chaos.py --ordered``: seq 27 applied before 24-26). When the connection just goes, the
+    broker requeues the unacked deliveries at their positions first and then activates the
+    standby, which gets them in order. Uses pika internals (``_impl._terminate_stream``, pika
+    1.3); falls back to the graceful close where they are missing. The broker logs the
+    dropped connection as closed unexpectedly."""
+    if connection is None or not connection.is_open:
+        return
+    impl = getattr(connection, "_impl", None)
+    terminate = getattr(impl, "_terminate_stream", None)
+    if terminate is None:
+        close_quietly(connection)
+        return
+    try:
+        terminate(None)
+        deadline = time.monotonic() + 5.0
+        while connection.is_open and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.05)
+    except Exception as e:  # the stream is gone either way
+        log.debug("connection dropped: %r", e)
+    close_quietly(connection)
