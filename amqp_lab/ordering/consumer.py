@@ -400,8 +400,8 @@ def drop_connection(connection: Any) -> None:
     ``chaos.py --ordered``: seq 27 applied before 24-26). When the connection just goes, the
     broker requeues the unacked deliveries at their positions first and then activates the
     standby, which gets them in order. Uses pika internals (``_impl._terminate_stream``, pika
-    1.3); falls back to the graceful close where they are missing. The broker logs the
-    dropped connection as closed unexpectedly."""
+    1.3); falls back to the graceful close where they are missing or fail (logged as a
+    warning). The broker logs the dropped connection as closed unexpectedly."""
     if connection is None or not connection.is_open:
         return
     impl = getattr(connection, "_impl", None)
@@ -410,10 +410,12 @@ def drop_connection(connection: Any) -> None:
         close_quietly(connection)
         return
     try:
-        terminate(None)
+        # an error is required: None means "after Connection.CloseOk" and fails an assertion
+        terminate(pe.StreamLostError("dropped by amqp-lab: end like a crash, no basic.cancel"))
         deadline = time.monotonic() + 5.0
         while connection.is_open and time.monotonic() < deadline:
             connection.process_data_events(time_limit=0.05)
-    except Exception as e:  # the stream is gone either way
-        log.debug("connection dropped: %r", e)
+    except Exception as e:
+        if connection.is_open:
+            log.warning("could not drop the connection (%r): closing it gracefully", e)
     close_quietly(connection)

@@ -203,3 +203,38 @@ def test_publish_and_worker_scripts_run_the_ordered_variant(
         sum(ready_count(ordered, q) for q in with_ordered(load_topology(), 4).names.shard_queues)
         == 0
     )
+
+
+def test_a_stopping_worker_hands_its_shard_over_in_order(vhost: BrokerSettings) -> None:
+    """drop_connection ends a connection like a crash: the broker requeues what it held at
+    its positions before the standby becomes active. A graceful close would basic.cancel
+    first, and pika hands back the deliveries it buffered (basic.nack) before the channel's
+    unacked ones: the standby got 4 before 1, 2, 3 (RabbitMQ 4.3.6, classic and quorum)."""
+    import pika
+
+    from amqp_lab.connection import connect
+    from amqp_lab.ordering.consumer import drop_connection
+
+    holder, standby = connect(vhost), connect(vhost)
+    try:
+        channel = holder.channel()
+        channel.queue_declare("sac", durable=True, arguments={"x-single-active-consumer": True})
+        for n in (1, 2, 3):
+            channel.basic_publish("", "sac", str(n).encode())
+        held: list[bytes] = []
+        channel.basic_qos(prefetch_count=10)
+        channel.basic_consume("sac", lambda _c, _m, _p, body: held.append(body))
+        wait_for(lambda: holder.process_data_events(0.1) or len(held) == 3, 10, what="held")
+        other = standby.channel()
+        other.basic_qos(prefetch_count=10)
+        got: list[bytes] = []
+        other.basic_consume("sac", lambda _c, _m, _p, body: got.append(body))
+        standby.process_data_events(0.5)
+        other.basic_publish("", "sac", b"4", pika.BasicProperties())
+        standby.process_data_events(0.5)  # 4 reaches the holder's buffer, not its callback
+        drop_connection(holder)
+        assert not holder.is_open
+        wait_for(lambda: standby.process_data_events(0.1) or len(got) == 4, 10, what="takeover")
+        assert got == [b"1", b"2", b"3", b"4"]
+    finally:
+        standby.close()
