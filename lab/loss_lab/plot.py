@@ -24,11 +24,16 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     left.barh([i + 0.2 for i in y], lost, height=0.4, color="#c0392b", label="lost")
     left.barh([i - 0.2 for i in y], twice, height=0.4, color="#e1a32a", label="processed twice")
     left.set_yticks(list(y), names)
-    left.set_xlabel("messages")
+    left.set_xscale("symlog", linthresh=1)  # 1 lost shows beside 1707
+    left.set_xlabel("messages (symmetric log scale)")
+    for i, (n_lost, n_twice) in enumerate(zip(lost, twice, strict=True)):
+        left.annotate(str(n_lost), (max(n_lost, 0), i + 0.2), va="center", fontsize=7)
+        left.annotate(str(n_twice), (max(n_twice, 0), i - 0.2), va="center", fontsize=7)
     left.legend(loc="lower right")
     left.set_title("lost / processed twice")
     right.barh(list(y), memory, color="#2c7fb8")
-    right.set_xlabel("MB per 100k messages kept")
+    right.set_xscale("symlog", linthresh=1)
+    right.set_xlabel("MB per 100k messages kept (symmetric log scale)")
     right.set_title("memory")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
