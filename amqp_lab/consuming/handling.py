@@ -49,6 +49,16 @@ class HandlerRunner:
         finally:
             self.watch.forget([id(d) for d in batch])
 
+    def run_again(self, d: Delivery) -> None:
+        """Handler thread: run a delivery whose handler already ran on this connection and
+        failed (the ordered consumer's in-worker retry): claim + handler in one transaction,
+        with no redelivery counted - it is the same delivery, not a broker redelivery."""
+        try:
+            if d.task is not None:
+                self._run([d])
+        finally:
+            self.watch.forget([id(d)])
+
     def _process(self, batch: list[Delivery]) -> None:
         limit = self.config.max_redeliveries
         fresh: list[Delivery] = []

@@ -278,8 +278,15 @@ class OrderedConsumer:
     def _run_head(self, connection: Any, key: str, runnable: deque[str]) -> None:
         """Run ``key``'s head and settle it; queue the key again when a next one may run."""
         channel, d = self._lines.head(key)
-        d.error, d.duplicate = None, False
-        self._process(connection, d)
+        if not channel.is_open:  # e.g. a consumer timeout (406) closed it: all went back
+            raise ConnectionLost(
+                f"the channel that delivered message_id={d.message_id} closed; its deliveries "
+                "are back in the shards"
+            )
+        retry = self._lines.failures(key) > 0
+        if retry:  # a decode error stays: such a delivery never reaches this point again
+            d.error, d.duplicate = None, False
+        self._process(connection, d, retry)
         outcome = classify(d.error)
         if outcome is Outcome.SUCCESS:
             self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
@@ -307,10 +314,14 @@ class OrderedConsumer:
     def _tries(self, key: str) -> int:
         return self._lines.failures(key) + 1
 
-    def _process(self, connection: Any, d: Delivery) -> None:
+    def _process(self, connection: Any, d: Delivery, retry: bool) -> None:
         """The handler (in the dedup transaction) on the handler thread, pumping I/O meanwhile;
-        a connection lost meanwhile waits for the handler, then raises ConnectionLost."""
-        future = self._executor.submit(self._runner.process, [d])
+        a connection lost meanwhile waits for the handler, then raises ConnectionLost. A retry
+        counts no redelivery (the poison count is for the broker's redeliveries)."""
+        if retry:
+            future = self._executor.submit(self._runner.run_again, d)
+        else:
+            future = self._executor.submit(self._runner.process, [d])
         future.add_done_callback(lambda _: _wake(connection))
         while not future.done():
             try:

@@ -27,6 +27,7 @@ from tests.support import consumer_count, ready_count, run_script, run_worker, w
 pytestmark = [pytest.mark.integration, pytest.mark.foundation, pytest.mark.timeout(120)]
 
 FAST = RetryPolicy("backoff", max_attempts=3, base=0.05, cap=0.2)
+FIVE = RetryPolicy("backoff", max_attempts=5, base=0.05, cap=0.2)
 
 
 @pytest.fixture
@@ -76,7 +77,8 @@ def run_consumer(
 ) -> OrderedConsumer:
     names = with_ordered(load_topology(), shards=4).names
     store = open_store(str(db))
-    config = OrderedConfig(names, retry=FAST, idle_exit=1.0, **options)
+    options.setdefault("retry", FAST)
+    config = OrderedConfig(names, idle_exit=1.0, **options)
     consumer = OrderedConsumer(settings, handler, store, config)
     try:
         consumer.run()
@@ -238,3 +240,61 @@ def test_a_stopping_worker_hands_its_shard_over_in_order(vhost: BrokerSettings) 
         assert got == [b"1", b"2", b"3", b"4"]
     finally:
         standby.close()
+
+
+def test_hostile_deliveries_go_to_the_dlq_and_their_key_runs_on(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    """No message_id, a body that is not JSON, a key header that is not a string: each is
+    dead-lettered with its reason (never acked unrun), and the key's next message runs."""
+    import pika
+
+    from amqp_lab.connection import connect
+
+    connection = connect(ordered)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        json_type = "application/json"
+        for message_id, body, headers in [
+            (None, b'{"key": "a", "seq": 1}', {"key": "a"}),
+            ("a-2", b"{not json", {"key": "a"}),
+            ("a-3", b'{"key": "a", "seq": 3}', {"key": 7}),  # falls back to the routing key
+        ]:
+            properties = pika.BasicProperties(
+                message_id=message_id, content_type=json_type, headers=headers, delivery_mode=2
+            )
+            channel.basic_publish("tasks.ordered", "a", body, properties, mandatory=True)
+    finally:
+        connection.close()
+    publish_keys(ordered, [("a", 4)])
+    run_consumer(ordered, Recorder(), tmp_path / "s.db")
+    records = browse(ordered, "q:tasks:dlq")
+    assert [(e.message_id, e.error_type) for e in records] == [
+        (None, "InvalidMessage"),
+        ("a-2", "InvalidMessage"),
+    ]
+    assert [i for i, _, _ in effects(tmp_path / "s.db")] == ["a-3", "a-4"]
+
+
+def test_in_worker_retries_of_a_redelivered_message_are_not_counted_as_poison(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    """max_redeliveries counts the broker's redeliveries; a redelivered message that fails
+    transiently and is retried in the worker is not declared poison by those retries."""
+    from amqp_lab.connection import connect
+
+    publish_keys(ordered, [("a", 1)])
+    shard = next(
+        q for q in with_ordered(load_topology(), 4).names.shard_queues if ready_count(ordered, q)
+    )
+    connection = connect(ordered)  # take it and vanish: the broker redelivers it
+    channel = connection.channel()
+    method, _, _ = channel.basic_get(shard)
+    assert method is not None
+    connection.close()
+    handler = Recorder({"a-1": [TransientError] * 3})
+    run_consumer(ordered, handler, tmp_path / "s.db", max_redeliveries=1, retry=FIVE)
+    assert handler.calls == ["a-1"] * 4
+    assert [i for i, _, _ in effects(tmp_path / "s.db")] == ["a-1"]
+    assert browse(ordered, "q:tasks:dlq") == []
