@@ -18,8 +18,19 @@ import json
 import sys
 from pathlib import Path
 
-from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
+from _cli import (
+    EXIT_ALERT,
+    EXIT_FAILED,
+    EXIT_OK,
+    add_topology_option,
+    run,
+    settings_from_env,
+    topology_from,
+)
 
+from amqp_lab.cli.worker import default_dedup_path
+from amqp_lab.dedup import open_store
+from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
 from amqp_lab.ordering.distribution import (
@@ -38,12 +49,15 @@ from amqp_lab.ordering.key_sources import (
     shard_stats,
     zipf_sample,
 )
+from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.ordering.probe import (
     DEFAULT_SHARDS,
     DEFAULT_WEIGHT,
     offline_placement,
     probe_placement,
 )
+from amqp_lab.topology import DEFAULT_TOPOLOGY, load_topology
+from amqp_lab.topology.ordered import with_ordered
 
 BAR = 40
 
@@ -136,6 +150,35 @@ def sample_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parked_command(args: argparse.Namespace) -> int:
+    """List the parked keys of the ordered topology (worker.py --ordered N
+    --after-dead-letter park) in a worker's dedup store, or --release one: its later messages
+    run again at once, and what is in the DLQ stays there (replay.py --key KEY replays it;
+    replaying the blocker releases the key by itself). For a key whose blocker record was
+    deleted, --release is the only way out."""
+    scope = with_ordered(load_topology(Path(args.topology))).names.exchange
+    url = args.dedup_url or args.dedup_path
+    if url is None:
+        url = default_dedup_path(settings_from_env("amqp-lab keys"), Path(".state"))
+    store = open_store(url)
+    try:
+        parked = ParkedKeys(store, scope)
+        if args.release is not None:
+            if parked.blocker(args.release) is None:
+                print(f"key {args.release!r} is not parked (scope {scope})")
+                return EXIT_FAILED
+            parked.release(args.release)
+            print(f"key {args.release!r} released (scope {scope})")
+            return EXIT_OK
+        rows = parked.all()
+        for row in rows:
+            print(f"key={row.key} blocker={row.message_id} parked_at={utc_iso(row.parked_at)}")
+        print(f"{len(rows)} parked key(s) in scope {scope}")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +209,11 @@ def main() -> int:
     report.add_argument(
         "--offline", action="store_true", help="place keys by crc32 mod N, without a broker"
     )
+    parked = commands.add_parser("parked", help="list parked keys, or --release one")
+    parked.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="FILE")
+    parked.add_argument("--dedup-url", default=None, help="the workers' store (PostgreSQL URL)")
+    parked.add_argument("--dedup-path", default=None, help="the workers' SQLite store")
+    parked.add_argument("--release", default=None, metavar="KEY")
     sample = commands.add_parser("sample", help="write a seeded Zipf-skewed sample")
     sample.add_argument("--keys", type=int, default=200, metavar="K")
     sample.add_argument("--messages", type=int, default=5000, metavar="N")
@@ -175,6 +223,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "sample":
         return sample_command(args)
+    if args.command == "parked":
+        return parked_command(args)
     if args.live and args.offline:
         parser.error("--offline places keys; --live has none to place")
     return report_command(args)

@@ -149,12 +149,18 @@ def test_park_sends_the_key_to_the_dlq_until_a_replay_releases_it(
     publish_keys(ordered, [("a", 4)])  # still parked: behind the others in the DLQ
     run_consumer(ordered, handler, db, after_dead_letter="park")
     assert [e.message_id for e in browse(ordered, "q:tasks:dlq")][-1] == "a-4"
+    listed = run_script(ordered, "keys.py", "parked", "--dedup-path", str(db))
+    assert listed.returncode == 0 and "key=a blocker=a-1 " in listed.stdout, listed.stderr
+    not_parked = run_script(ordered, "keys.py", "parked", "--dedup-path", str(db), "--release", "b")
+    assert not_parked.returncode == 1 and "not parked" in not_parked.stdout
     # the fix is in: replay the key, blocker first; it releases the key
     results = replay(ordered, Selection(key="a").matches, queue="q:tasks:dlq")
     assert [r.status for r in results] == ["replayed"] * 4
     run_consumer(ordered, handler, db, after_dead_letter="park")
     assert [i for i, _, _ in effects(db)] == ["b-1", "b-2", "a-1", "a-2", "a-3", "a-4"]
     assert browse(ordered, "q:tasks:dlq") == []
+    listed = run_script(ordered, "keys.py", "parked", "--dedup-path", str(db))
+    assert "0 parked key(s)" in listed.stdout
 
 
 def test_a_standby_takes_a_shard_over_in_order(ordered: BrokerSettings, tmp_path: Path) -> None:
