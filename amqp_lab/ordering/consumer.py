@@ -33,6 +33,7 @@ quorum queues only on 4.3): ``retry.max_attempts * retry.cap`` must stay well un
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -283,9 +284,12 @@ class OrderedConsumer:
                 f"the channel that delivered message_id={d.message_id} closed; its deliveries "
                 "are back in the shards"
             )
-        retry = self._lines.failures(key) > 0
+        failures = self._lines.failures(key)
+        retry = failures > 0
         if retry:  # a decode error stays: such a delivery never reaches this point again
             d.error, d.duplicate = None, False
+            if d.task is not None:  # the handler sees which try this is
+                d.task = dataclasses.replace(d.task, attempt=d.attempt + failures)
         self._process(connection, d, retry)
         outcome = classify(d.error)
         if outcome is Outcome.SUCCESS:
