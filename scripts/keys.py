@@ -33,6 +33,7 @@ from amqp_lab.dedup import open_store
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
+from amqp_lab.ordering.consumer import parked_scope
 from amqp_lab.ordering.distribution import (
     DEFAULT_KEY_THRESHOLD,
     Distribution,
@@ -156,10 +157,9 @@ def parked_command(args: argparse.Namespace) -> int:
     run again at once, and what is in the DLQ stays there (replay.py --key KEY replays it;
     replaying the blocker releases the key by itself). For a key whose blocker record was
     deleted, --release is the only way out."""
-    scope = with_ordered(load_topology(Path(args.topology))).names.exchange
-    url = args.dedup_url or args.dedup_path
-    if url is None:
-        url = default_dedup_path(settings_from_env("amqp-lab keys"), Path(".state"))
+    settings = settings_from_env("amqp-lab keys")  # the vhost scopes the parked keys
+    scope = parked_scope(settings.vhost, with_ordered(load_topology(Path(args.topology))).names)
+    url = args.dedup_url or args.dedup_path or default_dedup_path(settings, Path(".state"))
     store = open_store(url)
     try:
         parked = ParkedKeys(store, scope)

@@ -48,7 +48,7 @@ import pika.exceptions as pe
 
 from amqp_lab.connection import close_quietly, connect, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
-from amqp_lab.consuming.dead_letter import ConfirmedWriter, dlq_message
+from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
@@ -62,16 +62,18 @@ from amqp_lab.errors import (
     ConfigurationError,
     ConnectionLost,
     ConsumerCancelled,
+    DedupStoreError,
     KeyParked,
+    PoisonMessage,
 )
-from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, KEY_HEADER
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
 
-__all__ = ["OrderedConfig", "OrderedConsumer", "drop_connection", "key_of"]
+__all__ = ["OrderedConfig", "OrderedConsumer", "drop_connection", "key_of", "parked_scope"]
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +124,18 @@ class OrderedConfig:
         )
 
 
+def parked_scope(vhost: str, names: Names) -> str:
+    """The scope of an ordered topology's parked keys in a store that several vhosts may
+    share: ``vhost/entry-exchange``."""
+    return f"{vhost}/{names.exchange}"
+
+
 def key_of(d: Delivery) -> str:
-    """A delivery's key: its ``key`` header when it is a string, else its routing key (the
-    publisher's key either way, for our publisher)."""
-    key = d.headers.get(KEY_HEADER)
-    return key if isinstance(key, str) and key else str(d.method.routing_key)
+    """A delivery's key for its line: its routing key, which is what the consistent-hash
+    exchange placed it by (our publisher sets the ``key`` header to the same value). A
+    foreign publisher's ``key`` header that says otherwise is ignored here: lining up by it
+    could run one key on two shards at once."""
+    return str(d.method.routing_key)
 
 
 class OrderedConsumer:
@@ -156,10 +165,13 @@ class OrderedConsumer:
         self._cancelled = False
         self._settled = False
         plain = config.consumer_config()
-        self._runner = HandlerRunner(handler, store, plain, StoreRetry(plain.store_outage))
+        self._store = StoreRetry(plain.store_outage)  # the store's outages, retried
+        self._runner = HandlerRunner(handler, store, plain, self._store)
         self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
         self._parked = (
-            ParkedKeys(store, config.names.exchange) if config.after_dead_letter == "park" else None
+            ParkedKeys(store, f"{settings.vhost}/{config.names.exchange}")
+            if config.after_dead_letter == "park"
+            else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
         self._lines: KeyLines[tuple[Any, Delivery]] = KeyLines()
@@ -245,11 +257,7 @@ class OrderedConsumer:
         runnable: deque[str] = deque()
         last_activity = self.monotonic()
         while not self._stop.is_set():
-            if self._cancelled:
-                raise ConsumerCancelled(
-                    "the broker cancelled a shard consumer (its queue deleted, or its node "
-                    "gone); resubscribing"
-                )
+            self._check_channel(channel)
             while self._inbox:
                 item = self._inbox.popleft()
                 last_activity = self.monotonic()
@@ -260,6 +268,7 @@ class OrderedConsumer:
                     runnable.append(key)
             runnable.extend(self._lines.due(self.monotonic()))
             while runnable and not self._stop.is_set():
+                self._check_channel(channel)
                 self._run_head(connection, runnable.popleft(), runnable)
             if self._finished(last_activity):
                 return
@@ -268,6 +277,22 @@ class OrderedConsumer:
             if next_due is not None:
                 wait = max(0.0, min(wait, next_due - self.monotonic()))
             connection.process_data_events(time_limit=wait)
+
+    def _check_channel(self, channel: Any) -> None:
+        """Raise (recoverable: reconnect) once the broker cancelled a shard consumer - on 4.3
+        a quorum queue's consumer timeout takes the deliveries back and ignores late acks - or
+        closed the channel (a consumer timeout up to 4.2: 406): what this worker holds is
+        back in the shards, and running it here would run it beside the next consumer."""
+        if self._cancelled:
+            raise ConsumerCancelled(
+                "the broker cancelled a shard consumer (a consumer timeout, its queue deleted, "
+                "or its node gone); resubscribing"
+            )
+        if not channel.is_open:
+            raise ConnectionLost(
+                "the broker closed the consuming channel (a consumer timeout?); the held "
+                "deliveries are back in the shards; reconnecting"
+            )
 
     def _finished(self, last_activity: float) -> bool:
         limit, idle = self.config.max_messages, self.config.idle_exit
@@ -279,11 +304,6 @@ class OrderedConsumer:
     def _run_head(self, connection: Any, key: str, runnable: deque[str]) -> None:
         """Run ``key``'s head and settle it; queue the key again when a next one may run."""
         channel, d = self._lines.head(key)
-        if not channel.is_open:  # e.g. a consumer timeout (406) closed it: all went back
-            raise ConnectionLost(
-                f"the channel that delivered message_id={d.message_id} closed; its deliveries "
-                "are back in the shards"
-            )
         failures = self._lines.failures(key)
         retry = failures > 0
         if retry:  # a decode error stays: such a delivery never reaches this point again
@@ -306,9 +326,16 @@ class OrderedConsumer:
             self._report(d.report("held", failures, wait))
             return  # the key waits; the others go on
         else:
+            blocker = d.message_id
+            if self._parked is not None and blocker is not None:
+                # parked first: a crash between the DLQ record and the park would let the
+                # next worker run K's later messages; a blocker that comes back releases K
+                now = self.clock()
+                self._store.call(lambda: self._parked_keys().park(key, blocker, now))
             self._dead_letter(connection, channel, d, outcome, self._tries(key))
+            if isinstance(d.error, PoisonMessage) and d.message_id is not None:
+                self._forget_redeliveries(d.message_id)
             if self._parked is not None and d.message_id is not None:
-                self._parked.park(key, d.message_id, self.clock())
                 for later_channel, later in self._lines.take_all(key)[1:]:
                     self._park_out(connection, later_channel, later, d.message_id)
                 return
@@ -340,12 +367,12 @@ class OrderedConsumer:
         the blocker itself, back from a replay: that releases the key (False: it runs)."""
         if self._parked is None or key in self._lines:
             return False
-        blocker = self._parked.blocker(key)
+        blocker = self._store.call(lambda: self._parked_keys().blocker(key))
         if blocker is None:
             return False
         channel, d = item
         if d.message_id == blocker:
-            self._parked.release(key)
+            self._store.call(lambda: self._parked_keys().release(key))
             log.info("key %r released: its blocker message_id=%s is back", key, blocker)
             return False
         self._park_out(connection, channel, d, blocker)
@@ -373,11 +400,26 @@ class OrderedConsumer:
             dlx=self.config.names.dead_letter_exchange,
             failed_at=self.clock(),
         )
-        self._writer.write(
-            connection, channel, message, f"DLQ record for message_id={d.message_id}"
-        )
+        try:
+            self._writer.write(
+                connection, channel, message, f"DLQ record for message_id={d.message_id}"
+            )
+        except StaleDelivery as e:  # the channel closed: nothing written, all redelivered
+            raise ConnectionLost(str(e)) from e
         self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
         self._report(d.report("dead-lettered", attempts))
+
+    def _parked_keys(self) -> ParkedKeys:
+        assert self._parked is not None
+        return self._parked
+
+    def _forget_redeliveries(self, message_id: str) -> None:
+        """After a poison message reached the DLQ its redelivery count starts over, so a
+        replay gets the full budget (as in the plain consumer); best effort."""
+        try:
+            self.store.reset_redeliveries(message_id)
+        except DedupStoreError as e:
+            log.warning("redelivery count of message_id=%s not reset: %s", message_id, e)
 
     def _queue_of(self, d: Delivery) -> str:
         """The shard queue that delivered ``d`` (by its consumer tag)."""
@@ -415,7 +457,7 @@ def drop_connection(connection: Any) -> None:
     ``chaos.py --ordered``: seq 27 applied before 24-26). When the connection just goes, the
     broker requeues the unacked deliveries at their positions first and then activates the
     standby, which gets them in order. Uses pika internals (``_impl._terminate_stream``, pika
-    1.3); falls back to the graceful close where they are missing or fail (logged as a
+    1.3-1.4); falls back to the graceful close where they are missing or fail (logged as a
     warning). The broker logs the dropped connection as closed unexpectedly."""
     if connection is None or not connection.is_open:
         return

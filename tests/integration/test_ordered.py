@@ -304,3 +304,41 @@ def test_in_worker_retries_of_a_redelivered_message_are_not_counted_as_poison(
     assert handler.calls == ["a-1"] * 4
     assert [i for i, _, _ in effects(tmp_path / "s.db")] == ["a-1"]
     assert browse(ordered, "q:tasks:dlq") == []
+
+
+def test_a_channel_the_broker_closes_while_a_key_is_held_ends_in_a_reconnect(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    """Up to 4.2 a consumer timeout closes the channel (406) while the worker holds a key:
+    the broker has the deliveries back, so the worker must not go on running them there. A
+    406 is provoked by acking an unknown delivery tag on the consuming channel."""
+    publish_keys(ordered, [("a", 1), ("a", 2), ("a", 3)])
+    names = with_ordered(load_topology(), shards=4).names
+    store = open_store(str(tmp_path / "s.db"))
+    handler = Recorder({"a-1": [TransientError]})
+    provoked: list[bool] = []
+
+    outcomes: list[tuple[str, str]] = []
+
+    def on_report(report: Any) -> None:
+        outcomes.append((report.message_id, report.outcome))
+        if report.outcome == "held" and not provoked:
+            provoked.append(True)
+            consumer._lines.head("a")[0].basic_ack(999999)  # 406 PRECONDITION_FAILED
+
+    config = OrderedConfig(names, retry=RetryPolicy("backoff", 3, 0.5, 0.5), idle_exit=1.5)
+    consumer = OrderedConsumer(ordered, handler, store, config, on_report=on_report)
+    try:
+        consumer.run()
+    finally:
+        store.close()
+    assert provoked and consumer.connections_opened >= 2
+    assert [i for i, _, _ in effects(tmp_path / "s.db")] == ["a-1", "a-2", "a-3"]
+    # a-1 ran again only once it was redelivered on the new connection, not on the dead
+    # channel (that run would have committed, and the redelivery been a duplicate)
+    assert outcomes == [
+        ("a-1", "held"),
+        ("a-1", "processed"),
+        ("a-2", "processed"),
+        ("a-3", "processed"),
+    ]
