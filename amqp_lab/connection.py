@@ -6,8 +6,10 @@ see only :mod:`amqp_lab.errors`.
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,9 +41,12 @@ __all__ = [
     "close_quietly",
     "connect",
     "connection_parameters",
+    "drop_connection",
     "open_channel",
     "translate",
 ]
+
+log = logging.getLogger(__name__)
 
 TLS_QUERY_KEYS = ("cacertfile", "certfile", "keyfile", "server_name_indication", "verify")
 
@@ -211,3 +216,37 @@ def close_quietly(connection: Any) -> None:
             connection.close()
     except Exception:
         pass
+
+
+def drop_connection(connection: Any) -> None:
+    """End ``connection`` the way a crash does: close its TCP stream without basic.cancel or
+    channel.close (pika's graceful close cancels every consumer first).
+
+    Why: on basic.cancel single active consumer activates a standby at once, while this
+    worker's held deliveries are still unacked on the closing channel, and pika hands the ones
+    it buffered back with basic.nack first; the standby then runs a key's next message before
+    the held earlier ones come back (found by ``chaos.py --ordered``). When the connection just
+    goes, the broker requeues the unacked deliveries at their positions first and then
+    activates the standby, which gets them in order. A stream consumer has the same need: a
+    stream answers pika's basic.nack by closing the connection (540 NOT_IMPLEMENTED).
+
+    Uses pika internals (``_impl._terminate_stream``, pika 1.3-1.4); falls back to the
+    graceful close where they are missing or fail (logged as a warning). The broker logs the
+    dropped connection as closed unexpectedly."""
+    if connection is None or not connection.is_open:
+        return
+    impl = getattr(connection, "_impl", None)
+    terminate = getattr(impl, "_terminate_stream", None)
+    if terminate is None:
+        close_quietly(connection)
+        return
+    try:
+        # an error is required: None means "after Connection.CloseOk" and fails an assertion
+        terminate(pe.StreamLostError("dropped by amqp-lab: end like a crash, no basic.cancel"))
+        deadline = time.monotonic() + 5.0
+        while connection.is_open and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.05)
+    except Exception as e:
+        if connection.is_open:
+            log.warning("could not drop the connection (%r): closing it gracefully", e)
+    close_quietly(connection)

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.audit.offsets import OffsetStore, ReaderKey, Start, removed_before
-from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.connection import connect, drop_connection, translate
 from amqp_lab.errors import AmqpLabError, NotFound, PreconditionFailed, QueueNotFound
 from amqp_lab.settings import BrokerSettings
 
@@ -175,7 +175,7 @@ class StreamReader:
                     report.stopped = "limit"
                     break
             # No basic.cancel: pika's would nack the deliveries it holds, which a stream refuses
-            # by closing the connection (540). Closing it drops them: a stream keeps them all.
+            # by closing the connection (540); the connection is dropped instead (finally).
         except _EntryFailed as e:
             assert e.__cause__ is not None
             raise e.__cause__ from None
@@ -197,7 +197,7 @@ class StreamReader:
             raise error from e
         finally:
             self._store(report)
-            close_quietly(connection)
+            drop_connection(connection)
         return report
 
     def _store(self, report: ReadReport) -> None:

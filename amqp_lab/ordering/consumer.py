@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.connection import connect, drop_connection, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
@@ -73,7 +73,7 @@ from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
 
-__all__ = ["OrderedConfig", "OrderedConsumer", "drop_connection", "key_of", "parked_scope"]
+__all__ = ["OrderedConfig", "OrderedConsumer", "key_of", "parked_scope"]
 
 log = logging.getLogger(__name__)
 
@@ -445,34 +445,3 @@ def _wake(connection: Any) -> None:
         connection.add_callback_threadsafe(lambda: None)
     except Exception:  # closed: nobody waits for the wake-up then
         return
-
-
-def drop_connection(connection: Any) -> None:
-    """End ``connection`` the way a crash does: close its TCP stream without basic.cancel or
-    channel.close (pika's graceful close cancels every consumer first).
-
-    Why: on basic.cancel single active consumer activates a standby at once, while this
-    worker's held deliveries are still unacked on the closing channel; the standby then runs
-    a key's next ready message before the held earlier ones come back (found by
-    ``chaos.py --ordered``: seq 27 applied before 24-26). When the connection just goes, the
-    broker requeues the unacked deliveries at their positions first and then activates the
-    standby, which gets them in order. Uses pika internals (``_impl._terminate_stream``, pika
-    1.3-1.4); falls back to the graceful close where they are missing or fail (logged as a
-    warning). The broker logs the dropped connection as closed unexpectedly."""
-    if connection is None or not connection.is_open:
-        return
-    impl = getattr(connection, "_impl", None)
-    terminate = getattr(impl, "_terminate_stream", None)
-    if terminate is None:
-        close_quietly(connection)
-        return
-    try:
-        # an error is required: None means "after Connection.CloseOk" and fails an assertion
-        terminate(pe.StreamLostError("dropped by amqp-lab: end like a crash, no basic.cancel"))
-        deadline = time.monotonic() + 5.0
-        while connection.is_open and time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
-    except Exception as e:
-        if connection.is_open:
-            log.warning("could not drop the connection (%r): closing it gracefully", e)
-    close_quietly(connection)

@@ -220,8 +220,7 @@ def test_a_stopping_worker_hands_its_shard_over_in_order(vhost: BrokerSettings) 
     unacked ones: the standby got 4 before 1, 2, 3 (RabbitMQ 4.3.6, classic and quorum)."""
     import pika
 
-    from amqp_lab.connection import connect
-    from amqp_lab.ordering.consumer import drop_connection
+    from amqp_lab.connection import connect, drop_connection
 
     holder, standby = connect(vhost), connect(vhost)
     try:
