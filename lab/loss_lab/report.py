@@ -56,6 +56,9 @@ def cells(row: Row) -> list[str]:
     if row.memory_note:
         memory += f" ({row.memory_note})"
     lost = str(row.lost) + (f" ({row.trimmed} trimmed)" if row.trimmed else "")
+    left = row.extra.get("left_after_drain") or 0
+    if isinstance(left, int) and left > 0:  # not applied, but not gone either: say so
+        lost += f" ({left} still in the queue when the drain gave up)"
     return [row.design, lost, str(row.twice), row.recovery, memory, row.maxlen]
 
 

@@ -83,3 +83,9 @@ def test_every_design_says_how_it_recovers() -> None:
         "stream",
     ]
     assert all(spec.recovery and spec.family in ("redis", "rabbit") for spec in DESIGNS.values())
+
+
+def test_messages_left_in_the_queue_after_the_drain_are_named_beside_the_lost() -> None:
+    text = markdown([row(lost=3, extra={"left_after_drain": 3}), row(lost=0)])
+    assert "3 (3 still in the queue when the drain gave up)" in text
+    assert "still in the queue" not in text.splitlines()[3]
