@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from amqp_lab.audit.reader import StreamReader
 from amqp_lab.dlq.ops import browse
 from amqp_lab.errors import ConfigurationError, ManagementError
 from amqp_lab.management import ManagementClient
@@ -127,10 +128,21 @@ def dlq_keys(settings: BrokerSettings, queue: str, limit: int | None = None) -> 
 
 
 def queue_keys(settings: BrokerSettings, queue: str, limit: int | None = None) -> HeaderKeys:
-    """The keys of the messages in a classic or quorum queue such as the audit queue, read the
-    same way as the DLQ (basic.get without ack, then all requeued in place; only their
-    redelivered flag changes). Not for a stream queue (basic.get is refused there)."""
-    return dlq_keys(settings, queue, limit)
+    """The keys of the messages in a queue such as the audit queue. A classic or quorum queue
+    is read the same way as the DLQ (basic.get without ack, then all requeued in place; only
+    their redelivered flag changes); a stream (``--audit stream``; the management API says
+    its type) is read from its first offset with :class:`amqp_lab.audit.StreamReader`, which
+    stores no offset and leaves the stream as it was. Raises ManagementError when the API
+    cannot tell the type, QueueNotFound for a missing queue."""
+    with ManagementClient(settings) as api:
+        info = api.queue(settings.vhost, queue) or {}
+    if info.get("type") != "stream":
+        return dlq_keys(settings, queue, limit)
+    headers: list[dict[Any, Any]] = []
+    StreamReader(settings, queue).read(
+        lambda entry: headers.append(entry.headers), "first", limit=limit, idle_timeout=1.0
+    )
+    return keys_from_headers(headers)
 
 
 @dataclass(frozen=True)

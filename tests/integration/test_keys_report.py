@@ -136,3 +136,21 @@ def test_report_audit_reads_key_headers_and_leaves_the_messages(topology: Broker
     assert (top["key"], top["count"], top["share"]) == ("hot", 8, 0.8)
     assert {"hot-key", "hot-shard", "few-keys"} == {w["kind"] for w in report["warnings"]}
     wait_ready_count(topology, audit, 11)
+
+
+def test_report_audit_reads_a_stream_audit_from_its_first_offset(vhost: BrokerSettings) -> None:
+    from amqp_lab.topology import apply_topology, load_topology
+    from amqp_lab.topology.stream_audit import with_stream_audit
+
+    apply_topology(vhost, with_stream_audit(load_topology()))
+    with open_channel(vhost) as channel:
+        channel.confirm_delivery()
+        for key in ["hot"] * 8 + ["a", "b"]:
+            properties = pika.BasicProperties(headers={"key": key})
+            channel.basic_publish("tasks", "task", b"{}", properties)
+    for _ in range(2):  # a stream is read, never consumed: the second report is the same
+        result = run_script(vhost, "keys.py", "report", "--audit", "--offline", "--json")
+        assert result.returncode == 2, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert (report["messages"], report["distinct_keys"]) == (10, 3)
+        assert report["top_keys"][0]["key"] == "hot"
