@@ -39,8 +39,9 @@ TEST_CONCURRENCY = int(os.environ.get("AMQP_LAB_TEST_CONCURRENCY", "1"))
 
 def with_concurrency(name: str, args: tuple[str, ...]) -> tuple[str, ...]:
     """worker.py's arguments with ``--concurrency`` TEST_CONCURRENCY, bounded by its prefetch
-    (each handler needs a delivery of its own), unless the test sets one itself."""
-    if name != "worker.py" or TEST_CONCURRENCY == 1 or "--concurrency" in args:
+    (each handler needs a delivery of its own), unless the test sets one itself or runs the
+    ordered consumer (one handler at a time)."""
+    if name != "worker.py" or TEST_CONCURRENCY == 1 or {"--concurrency", "--ordered"} & set(args):
         return args
     prefetch = int(args[args.index("--prefetch") + 1]) if "--prefetch" in args else None
     batch = int(args[args.index("--ack-batch") + 1]) if "--ack-batch" in args else 1

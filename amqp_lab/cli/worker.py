@@ -47,6 +47,26 @@ def default_dedup_path(settings: BrokerSettings, state_dir: Path) -> str:
     return str(state_dir / f"dedup-{key}.sqlite3")
 
 
+def ordered_refusals(args: argparse.Namespace) -> list[str]:
+    """The plain consumer's options ``--ordered`` cannot honour, as given (empty: none)."""
+    refused = []
+    if args.concurrency != 1:
+        refused.append("--concurrency")
+    if args.ack_batch != 1:
+        refused.append("--ack-batch")
+    if args.dead_letter != "publish":
+        refused.append("--dead-letter reject")
+    if args.retry != "requeue":
+        refused.append(
+            "--retry backoff (its retries are in the worker: --max-attempts, --base, --cap)"
+        )
+    if args.wait_for_queue:
+        refused.append("--wait-for-queue")
+    if args.handler_warn_after is not None:
+        refused.append("--handler-warn-after")
+    return refused
+
+
 def main(
     argv: list[str] | None = None,
     *,
@@ -100,9 +120,14 @@ def main(
         help="requeue: one immediate redelivery; backoff: broker-held waits",
     )
     parser.add_argument(
-        "--max-attempts", type=int, default=5, help="backoff: deliveries before the DLQ (1-10)"
+        "--max-attempts",
+        type=int,
+        default=5,
+        help="backoff: deliveries before the DLQ (1-10); --ordered: tries in the worker (1-100)",
     )
-    parser.add_argument("--base", type=float, default=1.0, help="backoff: base wait, seconds")
+    parser.add_argument(
+        "--base", type=float, default=1.0, help="backoff and --ordered: base wait, seconds"
+    )
     parser.add_argument(
         "--after-dead-letter",
         choices=["continue", "park"],
@@ -201,6 +226,17 @@ def main(
     max_cap = topology.longest_wait() or 3600.0
     if args.max_redeliveries < 1 or args.store_outage < 0 or args.wait_for_queue < 0:
         parser.error("--max-redeliveries must be >= 1, --store-outage/--wait-for-queue >= 0")
+    if names.shards:
+        refused = ordered_refusals(args)
+        if refused:
+            parser.error(
+                "--ordered runs one handler at a time and retries in the worker (docs/ordering.md)"
+                f"; it does not take {', '.join(refused)}"
+            )
+        if not 1 <= args.max_attempts <= 100:
+            parser.error("--max-attempts must be 1..100 (tries in the worker)")
+    elif args.after_dead_letter != "continue":
+        parser.error("--after-dead-letter park is for the ordered topology (--ordered N)")
     if args.prefetch is None:
         args.prefetch = (
             10 if args.concurrency == 1 else max(10, 2 * args.concurrency * args.ack_batch)
@@ -272,6 +308,7 @@ def main(
             idle_exit=args.idle_exit,
             max_messages=args.max_messages,
             max_redeliveries=args.max_redeliveries,
+            store_outage=args.store_outage,
         )
         consumer = OrderedConsumer(settings, handler, store, ordered, on_report=report)
     else:

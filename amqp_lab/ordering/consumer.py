@@ -101,6 +101,7 @@ class OrderedConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     dead_letter_attempts: int = 3
     reconnect_attempts: int = 10
+    store_outage: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.names.shards:
@@ -120,6 +121,7 @@ class OrderedConfig:
             max_redeliveries=self.max_redeliveries,
             max_body_bytes=self.max_body_bytes,
             dead_letter_attempts=self.dead_letter_attempts,
+            store_outage=self.store_outage,
             verify_topology=False,
         )
 

@@ -205,6 +205,10 @@ def test_publish_and_worker_scripts_run_the_ordered_variant(
     assert refused.returncode == 2 and "--key KEY or --keys K" in refused.stderr
     sent = run_script(ordered, "publish.py", "--ordered", "4", "--keys", "3", "--count", "6")
     assert sent.returncode == 0, sent.stdout + sent.stderr
+    busy = run_script(ordered, "worker.py", "--ordered", "4", "--concurrency", "2")
+    assert busy.returncode == 2 and "does not take --concurrency" in busy.stderr
+    plain = run_script(ordered, "worker.py", "--after-dead-letter", "park")
+    assert plain.returncode == 2 and "is for the ordered topology" in plain.stderr
     rows = run_worker(ordered, tmp_path, "--ordered", "4")
     assert [r["outcome"] for r in rows if "outcome" in r] == ["processed"] * 6
     assert (
