@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from _cli import EXIT_OK, add_topology_option, run, settings_from_env, topology_from
+from _cli import EXIT_OK, ROOT, add_topology_option, run, settings_from_env, topology_from
 
 from amqp_lab.audit import (
     DEFAULT_OFFSET_FILE,
@@ -131,7 +131,7 @@ def main() -> int:
     reading.add_argument("--from", dest="start", default="first", metavar="WHERE")
     reading.add_argument("--resume", default=None, metavar="NAME", help="store/resume offsets")
     reading.add_argument("--reset", action="store_true", help="with --resume: start at --from")
-    reading.add_argument("--offsets-file", default=str(DEFAULT_OFFSET_FILE), metavar="FILE")
+    reading.add_argument("--offsets-file", default=str(ROOT / DEFAULT_OFFSET_FILE), metavar="FILE")
     reading.add_argument("--limit", type=int, default=None, metavar="N")
     reading.add_argument("--idle-exit", type=float, default=2.0, metavar="SECONDS")
     reading.add_argument("--prefetch", type=int, default=500, metavar="N")

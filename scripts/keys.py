@@ -22,6 +22,7 @@ from _cli import (
     EXIT_ALERT,
     EXIT_FAILED,
     EXIT_OK,
+    ROOT,
     add_topology_option,
     run,
     settings_from_env,
@@ -159,7 +160,7 @@ def parked_command(args: argparse.Namespace) -> int:
     deleted, --release is the only way out."""
     settings = settings_from_env("amqp-lab keys")  # the vhost scopes the parked keys
     scope = parked_scope(settings.vhost, with_ordered(load_topology(Path(args.topology))).names)
-    url = args.dedup_url or args.dedup_path or default_dedup_path(settings, Path(".state"))
+    url = args.dedup_url or args.dedup_path or default_dedup_path(settings, ROOT / ".state")
     store = open_store(url)
     try:
         parked = ParkedKeys(store, scope)
