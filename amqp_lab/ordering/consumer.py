@@ -171,7 +171,7 @@ class OrderedConsumer:
         self._runner = HandlerRunner(handler, store, plain, self._store)
         self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
         self._parked = (
-            ParkedKeys(store, f"{settings.vhost}/{config.names.exchange}")
+            ParkedKeys(store, parked_scope(settings.vhost, config.names))
             if config.after_dead_letter == "park"
             else None
         )

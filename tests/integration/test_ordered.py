@@ -345,3 +345,23 @@ def test_a_channel_the_broker_closes_while_a_key_is_held_ends_in_a_reconnect(
         ("a-2", "processed"),
         ("a-3", "processed"),
     ]
+
+
+def test_a_dlq_that_refuses_the_record_stops_the_worker_and_keeps_the_key_in_its_shard(
+    ordered: BrokerSettings, tmp_path: Path
+) -> None:
+    """Unlike the plain consumer (which parks the delivery and goes on), the ordered one
+    stops: running a-2 without a-1's record in the DLQ would break a's order."""
+    from amqp_lab.connection import connect
+    from amqp_lab.errors import DeadLetterFailed
+
+    publish_keys(ordered, [("a", 1), ("a", 2)])
+    connection = connect(ordered)
+    connection.channel().exchange_delete("tasks.dlx")  # the record is unroutable (404)
+    connection.close()
+    handler = Recorder({"a-1": [BusinessError]})
+    with pytest.raises(DeadLetterFailed, match="not confirmed"):
+        run_consumer(ordered, handler, tmp_path / "s.db")
+    assert handler.calls == ["a-1"]  # a-2 never ran
+    shards = with_ordered(load_topology(), 4).names.shard_queues
+    wait_for(lambda: sum(ready_count(ordered, q) for q in shards) == 2, 10, what="both back")
