@@ -37,10 +37,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
-from amqp_lab.dedup import open_store
+from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.dlq.ops import depth
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
@@ -171,22 +172,15 @@ def main() -> int:
         args.seed,
     )
     chaos = ChaosRun(plan, settings, run_id, workdir, command)
-    try:
-        create_ledger(store)
-        closes = args.kills if args.closes is None else args.closes
-        chaos.log(
-            f"run {chaos.run_id}: {'unsafe auto-ack' if args.unsafe_auto_ack else 'safe'}, "
-            f"{args.messages} messages, {args.workers} workers, {args.kills} kills, "
-            f"{closes} forced closes, store {store.location}"
-        )
-        chaos.start()
-        chaos.chaos_phase(plan_events(chaos.rng, args.messages, args.kills, closes))
-        summary = chaos.summary(store, chaos.drain())
-    finally:
-        chaos.pool.kill_all()
-        store.close()
-    for key, value in summary.items():
-        print(f"{key}={value}")
+    closes = args.kills if args.closes is None else args.closes
+    summary = run_chaos(
+        chaos,
+        store,
+        args,
+        f"run {chaos.run_id}: {'unsafe auto-ack' if args.unsafe_auto_ack else 'safe'}, "
+        f"{args.messages} messages, {args.workers} workers, {args.kills} kills, "
+        f"{closes} forced closes, store {store.location}",
+    )
     holds = summary["invariant_holds"]
     if args.unsafe_auto_ack:
         print(
@@ -201,6 +195,26 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary))
     return EXIT_OK if holds or args.unsafe_auto_ack else EXIT_INVARIANT
+
+
+def run_chaos(
+    chaos: ChaosRun, store: ManagedDedupStore, args: argparse.Namespace, description: str
+) -> dict[str, Any]:
+    """Ledger, workers, the kills and closes of the event plan, drain; the summary, printed
+    one ``key=value`` per line. The workers are killed and the store closed either way."""
+    try:
+        create_ledger(store)
+        closes = args.kills if args.closes is None else args.closes
+        chaos.log(description)
+        chaos.start()
+        chaos.chaos_phase(plan_events(chaos.rng, args.messages, args.kills, closes))
+        summary = chaos.summary(store, chaos.drain())
+    finally:
+        chaos.pool.kill_all()
+        store.close()
+    for key, value in summary.items():
+        print(f"{key}={value}")
+    return summary
 
 
 def prepare_run(settings: BrokerSettings, args: argparse.Namespace) -> tuple[str, Path]:
@@ -246,22 +260,15 @@ def ordered_main(args: argparse.Namespace) -> int:
     chaos = OrderedChaosRun(
         plan, settings, run_id, workdir, command, args.keys, args.shards, faults
     )
-    try:
-        create_ledger(store)
-        closes = args.kills if args.closes is None else args.closes
-        chaos.log(
-            f"run {run_id}: ordered, {args.messages} messages over {args.keys} keys, "
-            f"{args.shards} shards, {args.workers} workers, {args.kills} kills, {closes} forced "
-            f"closes, seq % {args.fail_every} == 3 fails once, store {store.location}"
-        )
-        chaos.start()
-        chaos.chaos_phase(plan_events(chaos.rng, args.messages, args.kills, closes))
-        summary = chaos.summary(store, chaos.drain())
-    finally:
-        chaos.pool.kill_all()
-        store.close()
-    for key, value in summary.items():
-        print(f"{key}={value}")
+    closes = args.kills if args.closes is None else args.closes
+    summary = run_chaos(
+        chaos,
+        store,
+        args,
+        f"run {run_id}: ordered, {args.messages} messages over {args.keys} keys, "
+        f"{args.shards} shards, {args.workers} workers, {args.kills} kills, {closes} forced "
+        f"closes, seq % {args.fail_every} == 3 fails once, store {store.location}",
+    )
     holds = summary["invariant_holds"]
     if holds:
         shutil.rmtree(workdir, ignore_errors=True)
