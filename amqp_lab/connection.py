@@ -10,7 +10,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -36,6 +36,7 @@ from amqp_lab.settings import BrokerSettings, mask_secrets
 
 __all__ = [
     "TLS_QUERY_KEYS",
+    "BlockedTime",
     "address_order",
     "channel_error",
     "close_quietly",
@@ -250,3 +251,39 @@ def drop_connection(connection: Any) -> None:
         if connection.is_open:
             log.warning("could not drop the connection (%r): closing it gracefully", e)
     close_quietly(connection)
+
+
+class BlockedTime:
+    """Measures how long a connection was blocked by the broker (connection.blocked, sent
+    while a memory or disk alarm is in effect: https://www.rabbitmq.com/docs/connection-blocked)
+    and reports each blocked period to ``report(seconds)`` when connection.unblocked arrives or
+    the connection is closed. ``clock``: monotonic seconds."""
+
+    def __init__(
+        self, report: Callable[[float], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.report = report
+        self.clock = clock
+        self._since: float | None = None
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the watched connection is blocked now."""
+        return self._since is not None
+
+    def watch(self, connection: Any) -> None:
+        """Follow ``connection`` (a pika BlockingConnection): its blocked / unblocked
+        notifications are called on the thread that pumps it."""
+        connection.add_on_connection_blocked_callback(lambda *_: self.on_blocked())
+        connection.add_on_connection_unblocked_callback(lambda *_: self.closed())
+
+    def on_blocked(self) -> None:
+        """connection.blocked was received (a second one while blocked changes nothing)."""
+        if self._since is None:
+            self._since = self.clock()
+
+    def closed(self) -> None:
+        """connection.unblocked was received, or the connection ended: report the period."""
+        if self._since is not None:
+            seconds, self._since = self.clock() - self._since, None
+            self.report(max(0.0, seconds))

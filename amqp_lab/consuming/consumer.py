@@ -33,13 +33,14 @@ from typing import Any
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
@@ -54,6 +55,7 @@ from amqp_lab.errors import (
     RetryTopologyError,
 )
 from amqp_lab.management import ManagementClient
+from amqp_lab.observability.tracing import start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.retry_check import check_retry_topology
@@ -68,7 +70,11 @@ _InFlight = tuple[list[Delivery], "Future[None] | None"]
 
 class Consumer:
     """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`; ``state`` is
-    its :class:`~amqp_lab.lifecycle.State`."""
+    its :class:`~amqp_lab.lifecycle.State`. ``on_report`` gets every delivery's report;
+    ``observer`` (e.g. :class:`amqp_lab.observability.metrics.ConsumerMetrics`) the events an
+    operator counts. Each delivery gets an OpenTelemetry ``process`` span in the trace its
+    ``traceparent`` header carries (:mod:`amqp_lab.observability.tracing`; a no-op without an
+    SDK)."""
 
     def __init__(
         self,
@@ -79,8 +85,10 @@ class Consumer:
         on_report: Callable[[DeliveryReport], None] | None = None,
         clock: Callable[[], float] = time.time,
         uniform: Callable[[float, float], float] = random.uniform,
+        observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.settings = settings
+        self.observer = observer
         self.handler = handler
         self.store = store
         self.config = config
@@ -105,9 +113,10 @@ class Consumer:
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
-            handler, store, config, StoreRetry(config.store_outage), self.watch
+            handler, store, config, StoreRetry(config.store_outage), self.watch, observer
         )
-        self._settler = Settler(config, store, self._writer, clock, uniform)
+        self._settler = Settler(config, store, self._writer, clock, uniform, observer)
+        self._blocked = BlockedTime(observer.blocked)
 
     @property
     def handled(self) -> int:
@@ -168,12 +177,19 @@ class Consumer:
             self.state = State.STOPPED
             self._executor.shutdown(wait=True)
             close_quietly(self._connection)
+            self._blocked.closed()
+            self.observer.unacked(0)
 
     # --- one connection ---------------------------------------------------------------------
     def _session(self) -> None:
         close_quietly(self._connection)
+        self._blocked.closed()
+        self.observer.unacked(0)
         self._connection = connection = connect(self.settings)
         self.connections_opened += 1
+        if self.connections_opened > 1:
+            self.observer.reconnected()
+        self._blocked.watch(connection)
         self._in_flight = 0  # what was in flight on the old connection will be redelivered
         self._settler.new_connection()  # its parked deliveries are back in the queue
         try:
@@ -336,6 +352,7 @@ class Consumer:
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
+        self.observer.unacked(self._in_flight + len(self._settler.parked_tags))
         units.append((batch, self._submit(connection, batch)))
         if alone:
             self._settle_all(connection, channel, units)
@@ -474,10 +491,22 @@ class Consumer:
 
     # --- deliveries -------------------------------------------------------------------------
     def _prepare(self, deliveries: list[tuple[Any, Any, bytes]]) -> list[Delivery]:
+        """Decode ``deliveries`` and start each one's process span (ended once settled)."""
         config, now = self.config, self.clock()
-        return [
+        batch = [
             prepare(m, p, b, now, config.retry, config.max_body_bytes) for m, p, b in deliveries
         ]
+        for d in batch:
+            d.span = start_process_span(
+                config.queue,
+                d.headers,
+                message_id=d.message_id,
+                exchange=str(d.method.exchange),
+                routing_key=str(d.method.routing_key),
+                delivery_tag=d.delivery_tag,
+                attempt=d.attempt,
+            )
+        return batch
 
     def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:
         """Start the store work of ``batch`` in the worker thread; None when there is none."""
@@ -500,6 +529,7 @@ class Consumer:
         a parked delivery sits on the channel."""
         batch, future = in_flight
         self._in_flight -= len(batch)
+        self.observer.unacked(self._in_flight + len(self._settler.parked_tags))
         if future is not None:
             future.result()  # done: raises what the store raised (nothing is settled then)
         reports: list[DeliveryReport | None] = []  # in delivery order; None: not settled

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pika.exceptions as pe
+from opentelemetry.context import Context
 
 from amqp_lab.connection import translate
 from amqp_lab.consuming.delivery import Delivery
@@ -21,6 +22,7 @@ from amqp_lab.consuming.settlement import Outcome, Settlement
 from amqp_lab.dlq.record import build_record, fallback_record, record_message
 from amqp_lab.errors import DeadLetterFailed, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
@@ -109,13 +111,26 @@ class ConfirmedWriter:
         self._channel = connection.channel()
         self._channel.confirm_delivery()
 
-    def write(self, connection: Any, delivering: Any, message: OutgoingMessage, what: str) -> None:
-        """Publish ``message`` with confirms + mandatory; up to ``attempts`` tries (a nack, a
+    def write(
+        self,
+        connection: Any,
+        delivering: Any,
+        message: OutgoingMessage,
+        what: str,
+        parent: Context | None = None,
+    ) -> None:
+        """Publish ``message`` with confirms + mandatory, in a ``publish`` span that is a child
+        of ``parent`` (the delivery's process span) whose trace context the message carries;
+        up to ``attempts`` tries (a nack, a
         return, a channel closed by the broker), with backoff while the connection keeps
         pumping. Raises DeadLetterFailed when it was not confirmed, AccessRefused on a 403
         (permissions revoked mid-run: the worker's end, not this message's), StaleDelivery when
         the ``delivering`` channel has closed - nothing is written then: the delivery will come
         back, and writing now would make a second copy."""
+        with publish_span(message, parent) as (_, traced):
+            self._write(connection, delivering, traced, what)
+
+    def _write(self, connection: Any, delivering: Any, message: OutgoingMessage, what: str) -> None:
         try:
             properties = message.sealed_properties()
         except UnencodableMessage as e:

@@ -14,6 +14,7 @@ from typing import Any
 from amqp_lab.consuming.settlement import attempt_number, broker_returns
 from amqp_lab.errors import InvalidMessage
 from amqp_lab.message import Task, decode_body, header_attempts, properties_of
+from amqp_lab.observability.tracing import trace_id_of
 from amqp_lab.retry.policy import RetryPolicy
 
 __all__ = ["Delivery", "DeliveryReport", "prepare"]
@@ -23,7 +24,10 @@ __all__ = ["Delivery", "DeliveryReport", "prepare"]
 class DeliveryReport:
     """One delivery's outcome: processed | duplicate | requeued | dead-lettered | parked
     (the DLQ could not take it; it was left unacked, back in the queue when the worker
-    stops). ``wait``: seconds in the wait queue (backoff mode)."""
+    stops). ``wait``: seconds in the wait queue (backoff mode); ``classification``: of a
+    failure (business, transient, unknown, poison); ``error_type``: the exception's class name;
+    ``handler_seconds``: the handler's run time (None: it did not run); ``trace_id``: the W3C
+    trace id the message carried (``traceparent``), None without one."""
 
     message_id: str | None
     outcome: str
@@ -31,6 +35,10 @@ class DeliveryReport:
     redelivered: bool
     error: str | None = None
     wait: float | None = None
+    classification: str | None = None
+    error_type: str | None = None
+    handler_seconds: float | None = None
+    trace_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready values (``json.dumps(report.as_dict())``), for programs
@@ -42,6 +50,10 @@ class DeliveryReport:
             "redelivered": self.redelivered,
             "error": self.error,
             "wait": self.wait,
+            "classification": self.classification,
+            "error_type": self.error_type,
+            "handler_seconds": self.handler_seconds,
+            "trace_id": self.trace_id,
         }
 
     @classmethod
@@ -54,6 +66,10 @@ class DeliveryReport:
             redelivered=bool(data["redelivered"]),
             error=data.get("error"),
             wait=data.get("wait"),
+            classification=data.get("classification"),
+            error_type=data.get("error_type"),
+            handler_seconds=data.get("handler_seconds"),
+            trace_id=data.get("trace_id"),
         )
 
     def line(self) -> str:
@@ -84,14 +100,35 @@ class Delivery:
     duplicate: bool = False
     first_seen_at: float | None = None  # recorded at the first failure (the store's memory)
     notes: list[str] = field(default_factory=list)  # e.g. why a retry copy was not written
+    handler_seconds: float | None = None  # the handler's run time (handler thread)
+    span: Any = None  # its OpenTelemetry process span, ended once settled
+    trace_id: str | None = None  # the traceparent's trace id, when it carried one
 
     @property
     def delivery_tag(self) -> int:
         return int(self.method.delivery_tag)
 
-    def report(self, outcome: str, attempts: int, wait: float | None = None) -> DeliveryReport:
+    def report(
+        self,
+        outcome: str,
+        attempts: int,
+        wait: float | None = None,
+        classification: str | None = None,
+    ) -> DeliveryReport:
+        """This delivery's report (``wait``, ``classification``: see DeliveryReport)."""
         error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
-        return DeliveryReport(self.message_id, outcome, attempts, self.redelivered, error, wait)
+        return DeliveryReport(
+            self.message_id,
+            outcome,
+            attempts,
+            self.redelivered,
+            error,
+            wait,
+            classification if self.error is not None else None,
+            None if self.error is None else type(self.error).__name__,
+            self.handler_seconds,
+            self.trace_id,
+        )
 
     def properties_dict(self) -> dict[str, Any]:
         """The basic properties by name (headers apart; message_id too, unless it is not
@@ -126,6 +163,7 @@ def prepare(
         bool(getattr(method, "redelivered", False)),
         dict(headers) if isinstance(headers, dict) else {},
     )
+    d.trace_id = trace_id_of(d.headers)
     try:
         _decode(d, message_id, properties, policy, max_body_bytes)
     except InvalidMessage as e:

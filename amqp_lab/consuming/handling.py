@@ -7,12 +7,17 @@ committed before the consumer's I/O thread settles anything (pure of pika: no ch
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from opentelemetry import trace
 
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.delivery import Delivery
 from amqp_lab.consuming.handler_watch import HandlerWatch
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import DedupStoreError, PoisonMessage
@@ -20,11 +25,16 @@ from amqp_lab.message import FIRST_SEEN_HEADER
 
 __all__ = ["HandlerRunner"]
 
+T = TypeVar("T")
+
 
 class HandlerRunner:
     """Runs units of deliveries on handler threads (thread-safe: the stores keep a connection
     per thread). ``store_retry`` retries the store's outages (StoreUnavailable) with backoff;
-    ``watch`` is told when each handler call starts and ends (``handler_warn_after``)."""
+    ``watch`` is told when each handler call starts and ends (``handler_warn_after``);
+    ``observer`` how long each store operation took, the handler's own time excluded. A
+    delivery with an OpenTelemetry span (``Delivery.span``) runs its handler with that span
+    current, so the handler's spans are its children."""
 
     def __init__(
         self,
@@ -33,12 +43,30 @@ class HandlerRunner:
         config: ConsumerConfig,
         store_retry: StoreRetry,
         watch: HandlerWatch | None = None,
+        observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.handler = handler
         self.store = store
         self.config = config
         self._store = store_retry
         self.watch = watch or HandlerWatch(None, config.queue)
+        self.observer = observer
+        self._handler_time = threading.local()  # handler seconds inside the store call
+
+    def _call(self, operation: str, call: Callable[[], T]) -> T:
+        """``call`` (one store operation, retried through an outage by StoreRetry), each try
+        timed for the observer without the handler seconds spent inside it."""
+
+        def timed() -> T:
+            self._handler_time.seconds = 0.0
+            started = time.perf_counter()
+            try:
+                return call()
+            finally:
+                spent = time.perf_counter() - started - self._handler_time.seconds
+                self.observer.store_call(operation, max(0.0, spent))
+
+        return self._store.call(timed)
 
     def process(self, batch: list[Delivery]) -> None:
         """Handler thread: every store call and handler run of a batch, committed before any
@@ -69,11 +97,11 @@ class HandlerRunner:
                 fresh.append(d)
                 continue
             message_id = d.task.message_id
-            if self._store.call(functools.partial(self.store.is_processed, message_id)):
+            if self._call("is_processed", functools.partial(self.store.is_processed, message_id)):
                 d.duplicate = True  # committed already, its ack was lost: not a crash
                 continue
-            count = self._store.call(
-                functools.partial(self.store.note_redelivery, message_id, d.now)
+            count = self._call(
+                "note_redelivery", functools.partial(self.store.note_redelivery, message_id, d.now)
             )
             if count > limit:
                 d.error = PoisonMessage(
@@ -90,8 +118,8 @@ class HandlerRunner:
                 and d.message_id is not None
                 and not isinstance(d.headers.get(FIRST_SEEN_HEADER), str)
             ):
-                d.first_seen_at = self._store.call(
-                    functools.partial(self.store.first_seen, d.message_id, d.now)
+                d.first_seen_at = self._call(
+                    "first_seen", functools.partial(self.store.first_seen, d.message_id, d.now)
                 )
 
     def _run(self, work: list[Delivery]) -> None:
@@ -104,8 +132,8 @@ class HandlerRunner:
                 for d in work
                 if d.task is not None
             ]
-            results: list[bool | BaseException] = self._store.call(
-                functools.partial(process_batch, pairs)
+            results: list[bool | BaseException] = self._call(
+                "process_batch", functools.partial(process_batch, pairs)
             )
             for d, result in zip(work, results, strict=True):
                 d.duplicate = result is False
@@ -115,9 +143,8 @@ class HandlerRunner:
             assert d.task is not None and d.message_id is not None
             work_fn = self._timed(d, functools.partial(self.handler, d.task))
             try:
-                d.duplicate = not self._store.call(
-                    functools.partial(self.store.process_once, d.message_id, work_fn)
-                )
+                once = functools.partial(self.store.process_once, d.message_id, work_fn)
+                d.duplicate = not self._call("process_once", once)
             except DedupStoreError:
                 raise  # the store failed, not the handler: stop, nothing is acked
             except BaseException as e:  # the handler's error decides the settlement; even a
@@ -130,9 +157,17 @@ class HandlerRunner:
 
         def run(db: Any) -> None:
             self.watch.started(key, message_id)
+            started = time.perf_counter()
             try:
-                work(db)
+                if d.span is None:
+                    work(db)
+                else:
+                    with trace.use_span(d.span, end_on_exit=False, record_exception=False):
+                        work(db)
             finally:
+                spent = time.perf_counter() - started
+                d.handler_seconds = (d.handler_seconds or 0.0) + spent
+                self._handler_time.seconds = getattr(self._handler_time, "seconds", 0.0) + spent
                 self.watch.finished(key)
 
         return run

@@ -18,14 +18,21 @@ from collections.abc import Callable
 from typing import Any
 
 from amqp_lab.consuming.config import ConsumerConfig
-from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
+from amqp_lab.consuming.dead_letter import (
+    RECORD_CLASS,
+    ConfirmedWriter,
+    StaleDelivery,
+    dlq_message,
+)
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action, Settlement, classify
 from amqp_lab.consuming.settlement import decide as decide_settlement
 from amqp_lab.dedup import DedupStore
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage
 from amqp_lab.message import FIRST_SEEN_HEADER
+from amqp_lab.observability.tracing import context_of, end_process_span
 from amqp_lab.retry.broker_held import retry_copy, retry_wait
 
 __all__ = ["Settler", "cancel_handing_back", "hand_back"]
@@ -59,7 +66,9 @@ class Settler:
     """Settles the consumer's deliveries and keeps the counts the consumer's life depends on:
     ``handled`` (deliveries settled or reported), ``parked`` (in all), ``settled`` (this
     connection settled something: the reconnect budget's reset) and the parked delivery tags of
-    the current channel. ``clock``: epoch seconds; ``uniform``: the retry waits' jitter."""
+    the current channel. ``clock``: epoch seconds; ``uniform``: the retry waits' jitter;
+    ``observer`` hears of every settled delivery and batch. Each delivery's process span is
+    ended with its outcome once it is settled."""
 
     def __init__(
         self,
@@ -68,8 +77,10 @@ class Settler:
         writer: ConfirmedWriter,
         clock: Callable[[], float] = time.time,
         uniform: Callable[[float, float], float] = random.uniform,
+        observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.config = config
+        self.observer = observer
         self.store = store
         self._writer = writer
         self.clock = clock
@@ -87,6 +98,29 @@ class Settler:
         self.parked_tags.clear()
 
     def settle_batch(
+        self,
+        connection: Any,
+        channel: Any,
+        batch: list[Delivery],
+        reports: list[DeliveryReport | None],
+    ) -> None:
+        """Settle ``batch`` (committed) on ``channel``, appending each delivery's report to
+        ``reports`` in delivery order (None for one that was not settled because a later
+        settlement raised). Raises StaleDelivery when the channel closed, DeadLetterFailed
+        when as many deliveries as the prefetch are parked."""
+        start = len(reports)
+        try:
+            self._settle_batch(connection, channel, batch, reports)
+        finally:
+            for d, report in zip(batch, reports[start:], strict=False):
+                if report is not None:
+                    self.observer.settled(report)
+                    if d.span is not None:
+                        end_process_span(d.span, report.outcome, d.error)
+                        d.span = None
+            self.observer.batch_settled(len(batch))
+
+    def _settle_batch(
         self,
         connection: Any,
         channel: Any,
@@ -128,11 +162,13 @@ class Settler:
         first_seen_at = (
             first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
         )
+        kind = RECORD_CLASS[settlement.classification]
+        parent = context_of(d.span)  # the retry copy / DLQ record continue the delivery's trace
         if settlement.action is Action.REQUEUE:
             # basic.reject, not basic.nack: RabbitMQ 4.3+ quorum queues count only a reject
             # toward x-delivery-count and the delivery limit (settlement.broker_returns)
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=True), d)
-            return d.report("requeued", settlement.attempts)
+            return d.report("requeued", settlement.attempts, classification=kind)
         if settlement.action is Action.RETRY_LATER:
             assert d.message_id is not None
             wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
@@ -150,16 +186,16 @@ class Settler:
             )
             try:
                 self._writer.write(
-                    connection, channel, copy, f"retry copy of message_id={d.message_id}"
+                    connection, channel, copy, f"retry copy of message_id={d.message_id}", parent
                 )
             except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
                 d.notes.append(str(e))
             else:
                 self.settle(channel, lambda: channel.basic_ack(tag), d)
-                return d.report("requeued", settlement.attempts, wait)
+                return d.report("requeued", settlement.attempts, wait, kind)
         if self.config.dead_letter == "reject":
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
-            return d.report("dead-lettered", settlement.attempts)
+            return d.report("dead-lettered", settlement.attempts, classification=kind)
         message = dlq_message(
             d,
             settlement,
@@ -170,15 +206,15 @@ class Settler:
         )
         try:
             self._writer.write(
-                connection, channel, message, f"DLQ record for message_id={d.message_id}"
+                connection, channel, message, f"DLQ record for message_id={d.message_id}", parent
             )
         except DeadLetterFailed as e:
             self._park(d, e)
-            return d.report("parked", settlement.attempts)
+            return d.report("parked", settlement.attempts, classification=kind)
         self.settle(channel, lambda: channel.basic_ack(tag), d)
         if isinstance(d.error, PoisonMessage) and d.message_id is not None:
             self._forget_redeliveries(d.message_id)
-        return d.report("dead-lettered", settlement.attempts)
+        return d.report("dead-lettered", settlement.attempts, classification=kind)
 
     def _forget_redeliveries(self, message_id: str) -> None:
         """After a poison message reached the DLQ: its redelivery count starts over, so a replay

@@ -46,12 +46,18 @@ from typing import Any, Literal
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import connect, drop_connection, translate
+from amqp_lab.connection import BlockedTime, connect, drop_connection, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
-from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
+from amqp_lab.consuming.dead_letter import (
+    RECORD_CLASS,
+    ConfirmedWriter,
+    StaleDelivery,
+    dlq_message,
+)
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action as SettleAction
 from amqp_lab.consuming.settlement import Outcome, Settlement, classify
 from amqp_lab.consuming.store_retry import StoreRetry
@@ -155,9 +161,12 @@ class OrderedConsumer:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         uniform: Callable[[float, float], float] = random.uniform,
+        observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.settings, self.store, self.config = settings, store, config
         self.on_report = on_report or (lambda r: log.info(r.line()))
+        self.observer = observer
+        self._blocked = BlockedTime(observer.blocked)
         self.clock, self.monotonic, self.uniform = clock, monotonic, uniform
         self.state = State.STOPPED
         self.handled = 0
@@ -168,7 +177,7 @@ class OrderedConsumer:
         self._settled = False
         plain = config.consumer_config()
         self._store = StoreRetry(plain.store_outage)  # the store's outages, retried
-        self._runner = HandlerRunner(handler, store, plain, self._store)
+        self._runner = HandlerRunner(handler, store, plain, self._store, observer=observer)
         self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
         self._parked = (
             ParkedKeys(store, parked_scope(settings.vhost, config.names))
@@ -226,8 +235,12 @@ class OrderedConsumer:
         self._lines.clear()  # the old connection's deliveries are back in the shards
         self._inbox.clear()
         self._cancelled = False
+        self._blocked.closed()
         self._connection = connection = connect(self.settings)
         self.connections_opened += 1
+        if self.connections_opened > 1:
+            self.observer.reconnected()
+        self._blocked.watch(connection)
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=self.config.prefetch)
@@ -409,7 +422,7 @@ class OrderedConsumer:
         except StaleDelivery as e:  # the channel closed: nothing written, all redelivered
             raise ConnectionLost(str(e)) from e
         self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
-        self._report(d.report("dead-lettered", attempts))
+        self._report(d.report("dead-lettered", attempts, classification=RECORD_CLASS[outcome]))
 
     def _parked_keys(self) -> ParkedKeys:
         assert self._parked is not None
@@ -438,6 +451,7 @@ class OrderedConsumer:
         self._settled = True
 
     def _report(self, report: DeliveryReport) -> None:
+        self.observer.settled(report)
         self.on_report(report)
 
 

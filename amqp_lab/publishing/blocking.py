@@ -38,13 +38,17 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from amqp_lab.connection import close_quietly, connect, translate
+from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
 from amqp_lab.errors import (
     BrokerUnavailable,
     ConnectionLost,
+    MessageNacked,
+    MessageUnroutable,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
+from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
 from amqp_lab.settings import BrokerSettings
 
 __all__ = [
@@ -71,17 +75,24 @@ class _Nacked(Exception):
 
 class Publisher:
     """A confirming publisher on one connection and channel, opened lazily and replaced after a
-    failure. Not thread-safe (pika's BlockingConnection is not)."""
+    failure. Not thread-safe (pika's BlockingConnection is not). ``observer`` (e.g.
+    :class:`amqp_lab.observability.metrics.PublisherMetrics`) hears of each outcome, confirm
+    latency, blocked period and reconnect. Each publish is a ``publish`` span whose W3C trace
+    context the message carries (``traceparent`` header; :mod:`amqp_lab.observability.tracing`)."""
 
     def __init__(
         self,
         settings: BrokerSettings,
         retry: PublishRetry | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
     ) -> None:
         self.settings = settings
         self.retry = retry or PublishRetry()
         self._sleep = sleep
+        self.observer = observer
+        self._blocked = BlockedTime(observer.blocked)
+        self._connections = 0
         self._connection: Any = None
         self._channel: Any = None
         self.attempts_made = 0  # publishes sent, retries included (for tests and reports)
@@ -93,7 +104,9 @@ class Publisher:
         self.close()
 
     def close(self) -> None:
+        """Close the connection (a later publish opens a new one)."""
         close_quietly(self._connection)
+        self._blocked.closed()
         self._connection = self._channel = None
 
     def connect(self) -> None:
@@ -105,6 +118,10 @@ class Publisher:
         if self._connection is None or not self._connection.is_open:
             self.close()
             self._connection = connect(self.settings)
+            self._connections += 1
+            if self._connections > 1:
+                self.observer.reconnected()
+            self._blocked.watch(self._connection)
         if self._channel is None or not self._channel.is_open:
             try:
                 self._channel = self._connection.channel()
@@ -117,8 +134,11 @@ class Publisher:
     def _publish_once(self, message: OutgoingMessage, properties: Any) -> None:
         channel = self._ensure_channel()
         self.attempts_made += 1
+        started = time.perf_counter()
         try:
             reply = publish_and_wait(channel, message, properties)
+            if reply is Reply.ACK:
+                self.observer.confirmed_after(message.exchange, time.perf_counter() - started)
         except pe.ChannelClosedByBroker as e:
             self._channel = None  # replace the dead channel; the connection is still good
             raise translate(e, self.settings) from e
@@ -136,6 +156,21 @@ class Publisher:
         errors raised. Returns only when the broker has taken responsibility for it."""
         if not message.message_id:
             raise ValueError("every message needs a message_id")
+        with publish_span(message) as (_, traced):
+            try:
+                self._publish(traced)
+            except MessageUnroutable:
+                self.observer.outcome(message.exchange, "unroutable")
+                raise
+            except MessageNacked:
+                self.observer.outcome(message.exchange, "nacked")
+                raise
+            except Exception:
+                self.observer.outcome(message.exchange, "failed")
+                raise
+        self.observer.outcome(message.exchange, "confirmed")
+
+    def _publish(self, message: OutgoingMessage) -> None:
         properties = message.sealed_properties()  # UnencodableMessage before anything is sent
 
         def before_sleep(state: RetryCallState) -> None:

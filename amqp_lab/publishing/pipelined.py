@@ -50,17 +50,27 @@ import pika
 import pika.exceptions as pe
 from pika.adapters.select_connection import IOLoop
 
-from amqp_lab.connection import address_order, channel_error, connection_parameters, translate
+from amqp_lab.connection import (
+    BlockedTime,
+    address_order,
+    channel_error,
+    connection_parameters,
+    translate,
+)
 from amqp_lab.errors import (
     AmqpLabError,
     AuthenticationFailed,
     BrokerBlocked,
+    MessageNacked,
+    MessageUnroutable,
     PublishFailed,
     UnencodableMessage,
     VhostAccessDenied,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.tracing import with_current_context
 from amqp_lab.publishing.confirm import Reply, outcome_error
+from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 
@@ -115,8 +125,18 @@ class _Item:
     properties: Any = None  # sealed (encoded once) in the caller's thread
     error: AmqpLabError | None = None  # refused before sending
     tries: int = 0
+    sent_at: float = 0.0  # time.perf_counter() of its last basic.publish
     returned: bool = False  # a basic.return for this publish arrived (before its ack)
     closes: int = 0  # unexplained channel closes this message was in flight for
+
+
+def _outcome_name(error: AmqpLabError | None) -> str:
+    """A publish outcome for the observer: confirmed, unroutable, nacked or failed."""
+    if error is None:
+        return "confirmed"
+    if isinstance(error, MessageUnroutable):
+        return "unroutable"
+    return "nacked" if isinstance(error, MessageNacked) else "failed"
 
 
 _MESSAGE_SIZE = re.compile(r"message size (\d+)")
@@ -124,7 +144,10 @@ _MESSAGE_SIZE = re.compile(r"message size (\d+)")
 
 class PipelinedPublisher:
     """``window``: most messages unconfirmed at once; ``max_attempts``: publishes of one message
-    when nacked; ``base`` / ``cap``: backoff seconds for nack retries and reconnects."""
+    when nacked; ``base`` / ``cap``: backoff seconds for nack retries and reconnects;
+    ``observer`` (e.g. :class:`amqp_lab.observability.metrics.PublisherMetrics`): outcomes,
+    confirm latencies, blocked periods and reconnects. A message handed over inside a span
+    carries that span's W3C trace context (``traceparent``); no span per message is made."""
 
     def __init__(
         self,
@@ -134,10 +157,13 @@ class PipelinedPublisher:
         base: float = 0.1,
         cap: float = 5.0,
         max_reconnects: int = 10,
+        observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
         self.settings = settings
+        self.observer = observer
+        self._blocked = BlockedTime(observer.blocked)
         self.window = window
         self.max_attempts = max_attempts
         self.base, self.cap = base, cap
@@ -216,6 +242,7 @@ class PipelinedPublisher:
         for item in items:
             if not item.message.message_id:
                 raise ValueError("every message needs a message_id")
+            item.message = with_current_context(item.message)
             try:
                 item.properties = item.message.sealed_properties()
             except UnencodableMessage as e:
@@ -238,6 +265,7 @@ class PipelinedPublisher:
         """Deliver outcomes, then free their window slots with one lock round trip."""
         try:
             for item, error in outcomes:
+                self.observer.outcome(item.message.exchange, _outcome_name(error))
                 try:
                     item.on_outcome(item.message, error)
                 except Exception:  # a caller's callback must not kill the I/O thread
@@ -299,9 +327,11 @@ class PipelinedPublisher:
                 self._fail_all(self._failure)
                 return
             self.reconnects += 1
+            self.observer.reconnected()
             time.sleep(full_jitter(failures, self.base, self.cap))
 
     def _on_connection_open(self, connection: Any) -> None:
+        self._blocked.watch(connection)
         connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_open_error(self, connection: Any, error: BaseException) -> None:
@@ -313,6 +343,7 @@ class PipelinedPublisher:
 
     def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
         self._channel = None
+        self._blocked.closed()
         if isinstance(reason, pe.ConnectionBlockedTimeout):
             self._fail_all(
                 BrokerBlocked(
@@ -400,6 +431,7 @@ class PipelinedPublisher:
             m = item.message
             item.tries += 1
             item.returned = False
+            item.sent_at = time.perf_counter()
             channel.basic_publish(m.exchange, m.routing_key, m.body, item.properties, True)
             self._tag += 1
             self._unconfirmed[self._tag] = item
@@ -426,6 +458,9 @@ class PipelinedPublisher:
             elif not nacked:
                 outcomes.append((item, None))
                 self._channel_reopens = 0
+                self.observer.confirmed_after(
+                    item.message.exchange, time.perf_counter() - item.sent_at
+                )
             elif item.tries < self.max_attempts:
                 wait = full_jitter(item.tries - 1, self.base, self.cap, random.uniform)
                 self._waiting[id(item)] = item
