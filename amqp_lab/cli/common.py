@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from amqp_lab.errors import AmqpLabError, ConfigurationError
+from amqp_lab.observability.logs import JsonFormatter, json_line
 from amqp_lab.settings import BrokerSettings, mask_url
 from amqp_lab.topology import (
     DEFAULT_DELIVERY_LIMIT,
@@ -88,7 +89,7 @@ def run(main: Callable[[], int]) -> None:
     try:
         code = main()
     except AmqpLabError as e:
-        print(f"error: {mask_url(str(e))}", file=sys.stderr)
+        _error_line(mask_url(str(e)))
         code = EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
@@ -96,9 +97,18 @@ def run(main: Callable[[], int]) -> None:
         if os.environ.get("EAI_TRACEBACK"):
             raise
         text = " ".join(str(e).split())
-        print(f"error: unexpected {type(e).__name__}: {mask_url(text)}", file=sys.stderr)
+        _error_line(f"unexpected {type(e).__name__}: {mask_url(text)}")
         code = EXIT_FAILED
     sys.exit(code)
+
+
+def _error_line(text: str) -> None:
+    """The one error line on stderr: ``error: TEXT``, or a JSON ``error`` event when the
+    command logs JSON (``--log-format json``)."""
+    if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+        print(json_line("error", level="error", message=text), file=sys.stderr)
+    else:
+        print(f"error: {text}", file=sys.stderr)
 
 
 def add_topology_option(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,9 @@ dedup, DLQ records.
 
 One line per delivery:
 ``message_id=<id> outcome=processed|duplicate|requeued|dead-lettered|parked attempts=<n> ...``
-and a final ``worker stopped: ...`` line. Exit 0 when it finished (idle-exit, max-messages,
+and a final ``worker stopped: ...`` line; with ``--log-format json`` one JSON object per line
+instead (events ``delivery``, ``worker_stopped``, ``log``, ``error``). ``--metrics-port`` serves
+Prometheus metrics on /metrics. Exit 0 when it finished (idle-exit, max-messages,
 SIGTERM drained), 130 after SIGINT drained, 1 with one ``error:`` line otherwise; a second
 signal exits at once.
 """
@@ -14,6 +16,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from amqp_lab.cli.common import (
     EXIT_OK,
@@ -34,11 +37,14 @@ from amqp_lab.dedup.retention import (
     PeriodicPurge,
     check_retention,
 )
+from amqp_lab.errors import ConfigurationError
+from amqp_lab.observability.logs import LOG_FORMATS, json_line, report_event, use_json_logs
+from amqp_lab.observability.metrics import ConsumerMetrics, serve_metrics
 from amqp_lab.ordering import OrderedConfig, OrderedConsumer
 from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 
-__all__ = ["default_dedup_path", "entry", "main"]
+__all__ = ["default_dedup_path", "entry", "main", "say"]
 
 
 def default_dedup_path(settings: BrokerSettings, state_dir: Path) -> str:
@@ -215,6 +221,26 @@ def main(
         "(RabbitMQ 4.3 classic queues have no consumer_timeout)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (docs/operating.md)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port binds (default 127.0.0.1; 0.0.0.0 for every one)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: a line per delivery for people (default); json: one JSON object per line "
+        "(message_id, outcome, attempts, queue, vhost, trace_id...), logs included",
+    )
+    parser.add_argument(
         "--no-verify-topology",
         action="store_true",
         help="do not check (management API) that wait queues and DLX can bring messages back",
@@ -272,9 +298,28 @@ def main(
         parser.error("--purge-interval must be > 0 seconds")
     if args.dedup_url and args.dedup_path:
         parser.error("give --dedup-url or --dedup-path, not both")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        parser.error("--metrics-port must be within 0..65535")
     retention = args.retention_days * DAY
     check_retention(retention, retry, args.replay_window_days * DAY)  # refuses to start
     settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
+    queue_name = ",".join(names.shard_queues) if names.shards else names.queue
+    if args.log_format == "json":
+        use_json_logs(queue=queue_name, vhost=settings.vhost)
+    metrics = ConsumerMetrics(settings.vhost, queue_name)
+    if args.metrics_port is not None:
+        try:
+            server, _ = serve_metrics(args.metrics_port, args.metrics_host)
+        except OSError as e:
+            raise ConfigurationError(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
+            ) from e
+        say(
+            args.log_format,
+            "metrics",
+            f"metrics on http://{args.metrics_host}:{server.server_port}/metrics",
+            url=f"http://{args.metrics_host}:{server.server_port}/metrics",
+        )
     handler = load_callable(args.handler)
     store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir))
     purger = PeriodicPurge(store, retention, args.purge_interval).start()
@@ -296,7 +341,11 @@ def main(
     )
 
     def report(r: DeliveryReport) -> None:
-        print(r.line(), flush=True)
+        if args.log_format == "json":
+            fields = report_event(r, queue=queue_name, vhost=settings.vhost)
+            print(json_line("delivery", **fields), flush=True)
+        else:
+            print(r.line(), flush=True)
 
     consumer: Consumer | OrderedConsumer
     if names.shards:  # per-key order: in-worker retries (docs/ordering.md)
@@ -310,9 +359,11 @@ def main(
             max_redeliveries=args.max_redeliveries,
             store_outage=args.store_outage,
         )
-        consumer = OrderedConsumer(settings, handler, store, ordered, on_report=report)
+        consumer = OrderedConsumer(
+            settings, handler, store, ordered, on_report=report, observer=metrics
+        )
     else:
-        consumer = Consumer(settings, handler, store, config, on_report=report)
+        consumer = Consumer(settings, handler, store, config, on_report=report, observer=metrics)
     drain = SignalDrain(consumer, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
     try:
         with drain:
@@ -321,8 +372,21 @@ def main(
         purger.stop()
         store.close()
     why = consumer.stop_reason or "finished"
-    print(f"worker stopped ({why}): {handled} deliveries handled", flush=True)
+    say(
+        args.log_format,
+        "worker_stopped",
+        f"worker stopped ({why}): {handled} deliveries handled",
+        reason=why,
+        handled=handled,
+        queue=queue_name,
+        vhost=settings.vhost,
+    )
     return drain.exit_code or EXIT_OK
+
+
+def say(log_format: str, event: str, text: str, **fields: Any) -> None:
+    """One line on stdout: ``text`` for people, or the JSON ``event`` with ``fields``."""
+    print(json_line(event, **fields) if log_format == "json" else text, flush=True)
 
 
 def entry() -> None:

@@ -14,6 +14,9 @@ one); two objects with the same names need two registries.
 
 from __future__ import annotations
 
+import threading
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 
@@ -227,7 +230,7 @@ class PublisherMetrics:
 
 def serve_metrics(
     port: int, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
-) -> tuple[object, object]:
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``registry`` as ``http://host:port/metrics`` (Prometheus text format) on a
     daemon thread; returns (server, thread). Port 0 picks a free port (``server.server_port``).
     Raises OSError when the port is taken."""
