@@ -3,6 +3,7 @@
 persistence, to the topology's exchange and routing key (--topology FILE).
 
 One line per message: ``message_id=<id> status=confirmed|unroutable|nacked|failed``.
+A long run (--count N --rate R) can serve Prometheus metrics with --metrics-port.
 Exit 0 only if every message was confirmed; 3 if any was unroutable; 1 otherwise.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
+import time
 import uuid
 
 from _cli import (
@@ -23,8 +26,9 @@ from _cli import (
     topology_from,
 )
 
-from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
+from amqp_lab.errors import AmqpLabError, ConfigurationError, MessageNacked, MessageUnroutable
 from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, message_for
+from amqp_lab.observability.metrics import PublisherMetrics, serve_metrics
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message
 
@@ -70,7 +74,20 @@ def main() -> int:
         default=30.0,
         help="seconds a memory alarm may block us before we fail",
     )
+    parser.add_argument(
+        "--rate", type=float, default=None, metavar="R", help="at most R messages per second"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics while publishing "
+        "(published by outcome, confirm latency, blocked seconds, reconnects)",
+    )
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be > 0")
     if args.count < 1:
         parser.error("--count must be >= 1")
     if args.keys < 0:
@@ -89,9 +106,21 @@ def main() -> int:
     settings = settings_from_env(
         "amqp-lab publish", blocked_connection_timeout=args.blocked_timeout
     )
+    metrics = PublisherMetrics(settings.vhost)
+    if args.metrics_port is not None:
+        try:
+            server, _ = serve_metrics(args.metrics_port)
+        except OSError as e:
+            why = f"cannot serve metrics on port {args.metrics_port}: {e}"
+            raise ConfigurationError(why) from e
+        print(f"metrics on http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
     unroutable = failed = 0
-    with Publisher(settings, PublishRetry(max_attempts=args.retries)) as publisher:
+    started = time.monotonic()
+    retry = PublishRetry(max_attempts=args.retries)
+    with Publisher(settings, retry, observer=metrics) as publisher:
         for seq in range(1, args.count + 1):
+            if args.rate is not None:
+                time.sleep(max(0.0, started + (seq - 1) / args.rate - time.monotonic()))
             message_id = args.message_id or str(uuid.uuid4())
             if body is None:
                 message = task_message(
