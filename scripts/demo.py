@@ -13,9 +13,13 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
+import httpx
 from _cli import EXIT_FAILED, EXIT_OK, ROOT, run
+from prometheus_client.parser import text_string_to_metric_families
 
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
@@ -49,6 +53,60 @@ def script(name: str, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.Comp
     if result.returncode not in ok:
         raise DemoStopped(f"demo stopped: scripts/{name} exited {result.returncode}")
     return result
+
+
+def scraped_worker(*args: str) -> tuple[str, dict[str, list[str]]]:
+    """Run worker.py with ``--metrics-port 0`` and scrape its /metrics every 0.3 s while it runs;
+    returns its stdout and, per counter, the distinct totals seen in order (moving counters)."""
+    command = [sys.executable, str(ROOT / "scripts" / "worker.py"), *args, "--metrics-port", "0"]
+    print(f"$ python scripts/worker.py {' '.join(args)} --metrics-port 0", flush=True)
+    worker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    lines: list[str] = [worker.stdout.readline()]
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout or []), daemon=True)
+    reader.start()
+    url = lines[0].strip().split(" ")[-1]
+    seen: dict[str, list[str]] = {}
+    last = ""
+    while worker.poll() is None:
+        try:
+            text = httpx.get(url, timeout=2).text
+        except httpx.HTTPError:
+            break  # the worker is exiting
+        last = text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in DEMO_COUNTERS:
+                    key = sample.name.removeprefix("amqp_lab_consumer_")
+                    key += "".join(
+                        f"{{{k}={v}}}" for k, v in sorted(sample.labels.items()) if k in DETAIL
+                    )
+                    values = seen.setdefault(key, [])
+                    if not values or values[-1] != f"{sample.value:g}":
+                        values.append(f"{sample.value:g}")
+        time.sleep(0.3)
+    stderr = worker.stderr.read() if worker.stderr else ""
+    worker.wait(timeout=60)
+    reader.join(timeout=10)
+    for line in "".join(lines).splitlines() + stderr.splitlines():
+        print(f"    {line}")
+    print("    last scrape (amqp_lab_consumer_*):")
+    for line in last.splitlines():
+        if line.startswith("amqp_lab_consumer_") and not line.startswith(
+            "amqp_lab_consumer_handler_duration_seconds_bucket"
+        ):
+            print(f"      {line}")
+    print(f"    (exit {worker.returncode})", flush=True)
+    if worker.returncode != 0:
+        raise DemoStopped(f"demo stopped: scripts/worker.py exited {worker.returncode}")
+    return "".join(lines), seen
+
+
+DEMO_COUNTERS = {
+    f"amqp_lab_consumer_{name}_total"
+    for name in ("processed", "duplicates", "requeued", "retried", "dead_lettered")
+}
+DETAIL = ("classification", "error_type", "attempt")
 
 
 def count(text: str, needle: str) -> int:
@@ -136,8 +194,15 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
         f"{unroutable.returncode} (unroutable, not retried)"
     )
 
-    step("4. worker: manual ack after the work, prefetch 10, exits after 2 s idle")
-    worker = script("worker.py", "--idle-exit", "2").stdout
+    step(
+        "4. worker: manual ack after the work, prefetch 10, exits after 2 s idle; its "
+        "/metrics scraped while it runs"
+    )
+    worker, scrapes = scraped_worker("--idle-exit", "2")
+    summary.append(
+        "metrics (scraped from the running worker): "
+        + "; ".join(f"{name} {' -> '.join(values)}" for name, values in scrapes.items())
+    )
     outcomes = {
         o: count(worker, f"outcome={o} ")
         for o in ("processed", "duplicate", "requeued", "dead-lettered")
