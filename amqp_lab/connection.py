@@ -272,10 +272,13 @@ class BlockedTime:
         return self._since is not None
 
     def watch(self, connection: Any) -> None:
-        """Follow ``connection`` (a pika BlockingConnection): its blocked / unblocked
-        notifications are called on the thread that pumps it."""
-        connection.add_on_connection_blocked_callback(lambda *_: self.on_blocked())
-        connection.add_on_connection_unblocked_callback(lambda *_: self.closed())
+        """Follow ``connection`` (a pika BlockingConnection or SelectConnection). The
+        underlying connection's callbacks are used: BlockingConnection dispatches its own only
+        from ``process_data_events``, which a publisher waiting for a confirm never reaches
+        before ``blocked_connection_timeout`` ends the connection."""
+        impl = getattr(connection, "_impl", connection)
+        impl.add_on_connection_blocked_callback(lambda *_: self.on_blocked())
+        impl.add_on_connection_unblocked_callback(lambda *_: self.closed())
 
     def on_blocked(self) -> None:
         """connection.blocked was received (a second one while blocked changes nothing)."""

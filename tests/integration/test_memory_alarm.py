@@ -10,8 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from amqp_lab.errors import BrokerBlocked
+from amqp_lab.observability.metrics import PublisherMetrics
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
@@ -48,13 +50,22 @@ def test_blocked_publish_fails_typed_then_retry_is_processed_once(
         topology.amqp_url, topology.management_url, blocked_connection_timeout=3
     )
     message = task_message("ok", 1, "during-alarm")
-    with memory_alarm(broker), Publisher(settings, PublishRetry(max_attempts=3)) as publisher:
+    registry = CollectorRegistry()
+    metrics = PublisherMetrics(topology.vhost, registry)
+    retry = PublishRetry(max_attempts=3)
+    with memory_alarm(broker), Publisher(settings, retry, observer=metrics) as publisher:
         started = time.monotonic()
         with pytest.raises(BrokerBlocked):
             publisher.publish(message)
         elapsed = time.monotonic() - started
         assert 2.5 <= elapsed < 15, elapsed
         assert publisher.attempts_made == 1  # a blocked broker is not hammered with retries
+    # the operator sees it: the seconds blocked and a failed outcome
+    vhost = {"vhost": topology.vhost}
+    blocked = registry.get_sample_value("amqp_lab_publisher_blocked_seconds_total", vhost)
+    assert blocked is not None and 2.0 <= blocked <= elapsed + 0.5, (blocked, elapsed)
+    labels = {**vhost, "exchange": message.exchange, "outcome": "failed"}
+    assert registry.get_sample_value("amqp_lab_publisher_published_total", labels) == 1
     with Publisher(settings) as publisher:
         publisher.publish(message)  # the caller's retry once the alarm has cleared
     rows = run_worker(topology, tmp_path)
