@@ -92,9 +92,8 @@ def scraped_worker(*args: str) -> tuple[str, dict[str, list[str]]]:
         print(f"    {line}")
     print("    last scrape (amqp_lab_consumer_*):")
     for line in last.splitlines():
-        if line.startswith("amqp_lab_consumer_") and not line.startswith(
-            "amqp_lab_consumer_handler_duration_seconds_bucket"
-        ):
+        name = line.split("{")[0]
+        if name.startswith("amqp_lab_consumer_") and not name.endswith(("_created", "_bucket")):
             print(f"      {line}")
     print(f"    (exit {worker.returncode})", flush=True)
     if worker.returncode != 0:
