@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ import _cli  # noqa: F401
 import pika
 
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.dedup import SqliteDedupStore
@@ -392,25 +394,35 @@ def latency_consumer(settings: BrokerSettings, queue: str, n: int, batch: int) -
 
 
 def repetition(
-    settings: BrokerSettings, queues: BenchQueues, args: argparse.Namespace, db: Path
+    settings: BrokerSettings,
+    queues: BenchQueues,
+    args: argparse.Namespace,
+    db: Path,
+    on_path: Callable[[str], None] = lambda path: None,
 ) -> tuple[dict[str, float], dict[str, int]]:
     """Every path once through ``settings``' node, each on a fresh queue: (msg/s by path,
-    messages each path saw through: enqueued, confirmed, received or handled)."""
+    messages each path saw through: enqueued, confirmed, received or handled).
+    ``on_path(name)`` before each path (the progress line)."""
     n = args.messages
     rates: dict[str, float] = {}
     counts: dict[str, int] = {}
+    on_path("raw_fire_and_forget")
     queue = queues.fresh(settings)
     written, enqueued, counts["raw_fire_and_forget"] = raw_publish(settings, queue, n)
     rates["raw_fire_and_forget"], rates["raw_fire_and_forget_enqueued"] = written, enqueued
+    on_path("pika_sync_confirms")
     queue = queues.fresh(settings)
     rates["pika_sync_confirms"], counts["pika_sync_confirms"] = sync_confirms(
         settings, queue, max(500, n // 10)
     )
+    on_path("our_publisher")
     queue = queues.fresh(settings)
     rates["our_publisher"], counts["our_publisher"] = our_publish(settings, queue, n, args.window)
     wait_for_depth(settings, queue, n)
+    on_path("our_consumer")
     rates["our_consumer"], counts["our_consumer"] = our_consume(settings, queue, n, args.batch, db)
     # the auto-ack baseline consumes the same messages, published the same way
+    on_path("raw_auto_ack_consume")
     queue = queues.fresh(settings)
     our_publish(settings, queue, n, args.window)
     wait_for_depth(settings, queue, n)
@@ -502,28 +514,31 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, int], str, dict[str, float]]:
     """``--repeat`` repetitions, the i-th through node i modulo the number of nodes, then the
     latency test through the first: (msg/s by path per repetition, messages seen by path over
-    all repetitions, the queue type the broker holds, latency figures)."""
+    all repetitions, the queue type the broker holds, latency figures). On a terminal a
+    progress line on stderr says which repetition and path runs; in a pipe, nothing."""
     queue = queues.fresh(entries[0])
     queue_type = declared_type(entries[0], queue, queues.arguments)
     if queue_type != queues.arguments["x-queue-type"]:
         raise SystemExit(f"the bench queue was declared {queues.arguments} but is {queue_type}")
     results: dict[str, list[float]] = {k: [] for k in PATHS}
     counts = {k: 0 for k in PATHS if k != "raw_fire_and_forget_enqueued"}
-    with tempfile.TemporaryDirectory() as tmp:
+    progress = Progress("bench", total=args.repeat, unit="repetitions")
+    with tempfile.TemporaryDirectory() as tmp, progress:
         for r in range(args.repeat):
             entry = entries[r % len(entries)]
-            rates, seen = repetition(entry, queues, args, Path(tmp) / f"dedup-{r}.sqlite3")
+            where = f"repetition {r + 1} via {entry.host}:{entry.port}"
+
+            def on_path(path: str, r: int = r, where: str = where) -> None:
+                progress.update(r, f"{where}: {path}")
+
+            rates, seen = repetition(entry, queues, args, Path(tmp) / f"dedup-{r}.sqlite3", on_path)
             for key, value in rates.items():
                 results[key].append(value)
             for key, count in seen.items():
                 counts[key] += count
-            print(
-                f"... repetition {r + 1}/{args.repeat} done ({entry.host}:{entry.port})",
-                file=sys.stderr,
-                flush=True,
-            )
-    queue = queues.fresh(entries[0])
-    lat = latency(entries[0], queue, args.rate, args.seconds, args.batch)
+        progress.update(args.repeat, f"latency at {args.rate} msg/s for {args.seconds:g} s")
+        queue = queues.fresh(entries[0])
+        lat = latency(entries[0], queue, args.rate, args.seconds, args.batch)
     return results, counts, queue_type, lat
 
 

@@ -53,6 +53,7 @@ import psycopg
 from psycopg import sql
 
 from amqp_lab.cli.common import EXIT_FAILED, EXIT_OK, run, settings_from_env
+from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.dedup import open_store
@@ -346,9 +347,10 @@ def measure(
     handler_seconds: float,
     prefetch_factor: int,
     store: tuple[str, Callable[[], int]],
+    on_rows: Callable[[int], None] = lambda rows: None,
 ) -> Measured:
     """Publish ``n`` messages to a fresh queue, start the workers, and time them from "every
-    consumer subscribed" to "every row written"."""
+    consumer subscribed" to "every row written"; ``on_rows(count)`` while they write."""
     store_url, rows = store
     prefetch = max(1, prefetch_factor * case.concurrency)
     fresh_queue(settings)
@@ -368,7 +370,8 @@ def measure(
         done_before = rows()
         # generous: ten times what one handler at a time would take
         deadline = time.monotonic() + 30 + 10 * n * handler_seconds
-        while rows() < n:
+        while (written := rows()) < n:
+            on_rows(written)
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise SystemExit(f"{case.label}: only {rows()} of {n} messages were handled")
             time.sleep(POLL_ROWS)
@@ -508,10 +511,17 @@ def main() -> int:
     if not args.skip_postgres:
         postgres_admin(args.postgres_url).close()  # fail now, not after minutes of SQLite cases
     results: list[Measured] = []
+    todo = cases(args.processes, args.concurrency, args.skip_postgres)
+    # a terminal's progress line on stderr: case i of n and its rows written; silent in a pipe
+    progress = Progress("bench-concurrency", total=len(todo) * args.messages, unit="messages")
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp:
-            for case in cases(args.processes, args.concurrency, args.skip_postgres):
-                print(f"... {case.label}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp, progress:
+            for i, case in enumerate(todo):
+
+                def on_rows(rows: int, i: int = i, label: str = case.label) -> None:
+                    progress.update(i * args.messages + rows, f"case {i + 1}/{len(todo)}: {label}")
+
+                on_rows(0)
                 if case.store == "postgresql":
                     with postgres_store(args.postgres_url) as store:
                         m = measure(
@@ -521,6 +531,7 @@ def main() -> int:
                             args.handler_seconds,
                             args.prefetch_factor,
                             store,
+                            on_rows,
                         )
                 else:
                     with sqlite_store(Path(tmp), case.key) as store:
@@ -531,6 +542,7 @@ def main() -> int:
                             args.handler_seconds,
                             args.prefetch_factor,
                             store,
+                            on_rows,
                         )
                 results.append(m)
     finally:

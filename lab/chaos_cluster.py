@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.errors import ConfigurationError
@@ -68,12 +69,14 @@ def run_cluster_chaos(
     run_id: str,
     workdir: Path,
     log: Callable[[str], None],
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The whole cluster run on ``settings``' vhost (the quorum topology applied, q:tasks
     empty): workers started with ``worker_command`` (plus ``--worker-process NAME``), the leader
     kills, the drain (stop file in ``workdir``), and the summary: lab.chaos' counts, one dict
     per kill under ``failovers`` (lab.failover.kill_reports plus :meth:`Failover.facts`) and
-    ``invariant_holds`` (lab.failover.failover_holds)."""
+    ``invariant_holds`` (lab.failover.failover_holds). ``progress``: shown while it runs (a
+    terminal's, silent in a pipe)."""
     started = time.monotonic()
     tally = OutputTally()
     pool = WorkerPool(plan.workers, worker_command, workdir)
@@ -85,7 +88,7 @@ def run_cluster_chaos(
         plan.rate,
         plan.window,
     )
-    chaos = ClusterChaos(cluster, settings, QUEUE, publisher, pool, tally, log)
+    chaos = ClusterChaos(cluster, settings, QUEUE, publisher, pool, tally, log, progress=progress)
     try:
         publisher.start()
         failovers = chaos.run(plan.kills)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.errors import DedupStoreError
@@ -76,8 +77,9 @@ class OrderedChaosRun(ChaosRun):
         keys: int,
         shards: int,
         faults: Path,
+        progress: Progress | None = None,
     ) -> None:
-        super().__init__(plan, settings, run_id, workdir, worker_command)
+        super().__init__(plan, settings, run_id, workdir, worker_command, progress)
         self.names, self.keys, self.faults = ordered_names(shards), keys, faults
         self.publisher = OrderedPublisherThread(
             self.names,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.dedup import ManagedDedupStore
 from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.management import ManagementClient
@@ -38,7 +39,8 @@ class ChaosPlan:
 
 class ChaosRun:
     """One run: K workers (``worker_command`` + ``--worker-process NAME``, stop file
-    ``workdir/stop``), the publisher, the chaos events, the drain and the tally."""
+    ``workdir/stop``), the publisher, the chaos events, the drain and the tally. ``progress``
+    (a terminal's, silent in a pipe) shows the messages confirmed, deliveries and kills."""
 
     def __init__(
         self,
@@ -47,8 +49,10 @@ class ChaosRun:
         run_id: str,
         workdir: Path,
         worker_command: list[str],
+        progress: Progress | None = None,
     ) -> None:
         self.plan, self.settings, self.run_id = plan, settings, run_id
+        self.progress = progress
         self.rng = random.Random(plan.seed)
         self.started = time.monotonic()
         self.stop_file = workdir / "stop"
@@ -65,6 +69,8 @@ class ChaosRun:
         self.closer = Closer(settings, self.publisher, self.pool.names, self.rng, self.log)
 
     def log(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()  # the log line starts at column 0, not after the progress
         print(f"[{time.monotonic() - self.started:6.1f}s] {text}", flush=True)
 
     def start(self) -> None:
@@ -80,6 +86,8 @@ class ChaosRun:
         self.publisher.go.set()
         head_start = max(1, self.plan.messages // 5)
         while len(self.publisher.confirmed) < head_start and self.publisher.is_alive():
+            if self.progress is not None:
+                self.progress.update(len(self.publisher.confirmed), "before the workers start")
             time.sleep(0.02)
         self.pool.start_all()
         self.log(
@@ -108,6 +116,9 @@ class ChaosRun:
                 self.log(line)
             stalled = not self.publisher.is_alive() and time.monotonic() - last_change > STALL
             confirmed = len(self.publisher.confirmed)
+            if self.progress is not None:
+                note = f"deliveries {seen}, kills {self.kills}, events left {len(events)}"
+                self.progress.update(confirmed, note)
             for event in events:
                 progress = confirmed if event.kind == "close-publisher" else seen
                 if progress >= event.at or stalled:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
@@ -127,7 +128,9 @@ def connections_by_node(settings: BrokerSettings) -> dict[str, str]:
 
 class ClusterChaos:
     """Kills ``kills`` leaders of ``queue`` while ``publisher`` and ``pool`` work; ``tally``
-    reads the workers' output. Waits are bounded by ``timeout`` seconds each."""
+    reads the workers' output. Waits are bounded by ``timeout`` seconds each. ``progress`` (a
+    terminal's, silent in a pipe) shows the messages handed over, deliveries, kills, and what
+    the run waits for."""
 
     def __init__(
         self,
@@ -139,10 +142,11 @@ class ClusterChaos:
         tally: OutputTally,
         log: Callable[[str], None],
         timeout: float = 90,
+        progress: Progress | None = None,
     ) -> None:
         self.cluster, self.settings, self.queue = cluster, settings, queue
         self.publisher, self.pool, self.tally, self.log = publisher, pool, tally, log
-        self.timeout = timeout
+        self.timeout, self.progress = timeout, progress
         self.failovers: list[Failover] = []
 
     def run(self, kills: int) -> list[Failover]:
@@ -235,6 +239,10 @@ class ClusterChaos:
         after ``timeout`` seconds (default: the chaos's ``timeout``)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while not done():
+            if self.progress is not None:
+                deliveries = self.tally.counts["deliveries"]
+                note = f"deliveries {deliveries}, kills {len(self.failovers)}: waiting for {what}"
+                self.progress.update(self.publisher.handed, note)
             for line in self.pool.restart_exited():
                 self.log(line)
             if time.monotonic() > deadline:

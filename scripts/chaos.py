@@ -41,6 +41,7 @@ from typing import Any
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.dlq.ops import depth
 from amqp_lab.errors import ConfigurationError
@@ -171,7 +172,8 @@ def main() -> int:
         args.unsafe_auto_ack,
         args.seed,
     )
-    chaos = ChaosRun(plan, settings, run_id, workdir, command)
+    progress = Progress("chaos", total=args.messages, unit="confirmed")
+    chaos = ChaosRun(plan, settings, run_id, workdir, command, progress)
     closes = args.kills if args.closes is None else args.closes
     summary = run_chaos(
         chaos,
@@ -201,7 +203,8 @@ def run_chaos(
     chaos: ChaosRun, store: ManagedDedupStore, args: argparse.Namespace, description: str
 ) -> dict[str, Any]:
     """Ledger, workers, the kills and closes of the event plan, drain; the summary, printed
-    one ``key=value`` per line. The workers are killed and the store closed either way."""
+    one ``key=value`` per line. The workers are killed and the store closed either way; the
+    progress line (a terminal's) is gone before the summary."""
     try:
         create_ledger(store)
         closes = args.kills if args.closes is None else args.closes
@@ -210,6 +213,8 @@ def run_chaos(
         chaos.chaos_phase(plan_events(chaos.rng, args.messages, args.kills, closes))
         summary = chaos.summary(store, chaos.drain())
     finally:
+        if chaos.progress is not None:
+            chaos.progress.clear()
         chaos.pool.kill_all()
         store.close()
     for key, value in summary.items():
@@ -257,8 +262,9 @@ def ordered_main(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     FirstTryFaults(faults).close()  # the table, before any worker or the summary reads it
+    progress = Progress("chaos --ordered", total=args.messages, unit="confirmed")
     chaos = OrderedChaosRun(
-        plan, settings, run_id, workdir, command, args.keys, args.shards, faults
+        plan, settings, run_id, workdir, command, args.keys, args.shards, faults, progress
     )
     closes = args.kills if args.closes is None else args.closes
     summary = run_chaos(
@@ -305,8 +311,10 @@ def cluster_main(args: argparse.Namespace) -> int:
     command += ["--run-id", run_id, "--stop-file", str(workdir / "stop")]
     command += ["--work-ms", str(args.work_ms), "--prefetch", str(args.prefetch or 1)]
     started = time.monotonic()
+    progress = Progress("chaos --cluster", total=args.messages, unit="handed over")
 
     def log(text: str) -> None:
+        progress.clear()  # the log line starts at column 0, not after the progress
         print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
 
     try:
@@ -316,9 +324,12 @@ def cluster_main(args: argparse.Namespace) -> int:
             f"{plan.rate:g}/s, {args.workers} workers, {args.kills} leader kills, "
             f"store {store.location}"
         )
-        summary = run_cluster_chaos(cluster, settings, store, plan, command, run_id, workdir, log)
+        summary = run_cluster_chaos(
+            cluster, settings, store, plan, command, run_id, workdir, log, progress
+        )
         summary["store"] = store.dialect
     finally:
+        progress.clear()
         store.close()
     for key, value in summary.items():
         if key != "failovers":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from lab.loss_lab.catalog import DESIGNS
@@ -92,7 +93,9 @@ def main() -> int:
     try:
         for key in args.designs:
             print(f"running {DESIGNS[key].title} ...", flush=True)
-            rows.append(Run(key, config, workdir, settings).execute())
+            # on a terminal, a line on stderr counts the effects applied; nothing in a pipe
+            with Progress(key, total=args.messages, unit="effects") as progress:
+                rows.append(Run(key, config, workdir, settings, progress).execute())
     finally:
         if created and settings is not None:
             with ManagementClient(settings) as api:

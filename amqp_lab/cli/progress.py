@@ -86,6 +86,17 @@ class Progress:
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
 
+    def clear(self) -> None:
+        """Erase the drawn line, so that another line (a log line on stdout, on the same
+        terminal) starts at column 0; the next :meth:`update` redraws it at once. Nothing when
+        disabled or nothing is drawn."""
+        if not self.enabled or self._drawn_at is None:
+            return
+        self.stream.write("\r" + " " * self._width + "\r")
+        self.stream.flush()
+        self._drawn_at = None
+        self._width = 0
+
     def close(self) -> None:
         """Draw the final count and end the line (nothing when disabled)."""
         if not self.enabled or (self._drawn_at is None and self.count == 0):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.settings import BrokerSettings
 from lab.loss_lab import effects
 from lab.loss_lab.catalog import DESIGNS
@@ -57,12 +58,19 @@ class LabConfig:
 
 
 class Run:
-    """One design's run in ``workdir`` (effects db, worker output, settings.json)."""
+    """One design's run in ``workdir`` (effects db, worker output, settings.json).
+    ``progress`` (a terminal's, silent in a pipe) shows the effects applied and the kills."""
 
     def __init__(
-        self, key: str, config: LabConfig, workdir: Path, settings: BrokerSettings | None
+        self,
+        key: str,
+        config: LabConfig,
+        workdir: Path,
+        settings: BrokerSettings | None,
+        progress: Progress | None = None,
     ) -> None:
         self.key, self.config, self.settings = key, config, settings
+        self.progress = progress
         self.workdir = workdir / key
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(f"{config.seed}-{key}")
@@ -152,6 +160,8 @@ class Run:
                 while (count := effects.total(db)) < target:
                     if count != last:
                         last, moved = count, time.monotonic()
+                        if self.progress is not None:
+                            self.progress.update(count, f"kills {self.kills}/{f}")
                     if time.monotonic() - moved > 3:
                         self.log.append(f"stalled at {count} effects before target {target}")
                         return
@@ -164,6 +174,8 @@ class Run:
         """Touch the stop file; wait for the worker to exit idle; start it again while the
         design still holds messages (ten rounds). Returns what is left."""
         (self.workdir / "stop").touch()
+        if self.progress is not None:
+            self.progress.update(self.progress.count, f"kills {self.kills}: draining")
         for _ in range(10):
             assert self.proc is not None
             try:
@@ -194,6 +206,8 @@ class Run:
             left = self.drain(design)
             design.stop_helpers()
             counts = effects.counts(self.effects_path)
+            if self.progress is not None:
+                self.progress.update(sum(counts.values()), f"kills {self.kills}: drained")
             memory, note = self.measure(design)
         finally:
             if self.proc is not None and self.proc.poll() is None:
