@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import UTC, datetime
 
 from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.dlq.record import summarize
-
-
-def progress(n: int) -> None:
-    print(f"... {n} records read", file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -56,7 +52,8 @@ def main() -> int:
             return EXIT_ALERT
         print(f"ok: {where} holds {count} messages")
         return EXIT_OK
-    entries = browse(settings, args.queue, args.limit, on_progress=progress)
+    with Progress("DLQ records read", total=args.limit) as progress:
+        entries = browse(settings, args.queue, args.limit, on_progress=progress.update)
     if args.summary:
         summary = summarize(entries, datetime.now(UTC))
         age = "-" if summary.oldest_age is None else f"{summary.oldest_age:.0f}s"

@@ -12,8 +12,6 @@ Exit 0 when every selected message was replayed, 1 when any failed or nothing ma
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,8 +25,10 @@ from _cli import (
     topology_from,
 )
 
+from amqp_lab.cli.progress import Progress
+from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG, AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
-from amqp_lab.dlq.record import Selection, utc_iso
+from amqp_lab.dlq.record import Selection
 
 
 def iso_time(text: str) -> datetime:
@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true")
     add_topology_option(parser)
     parser.add_argument("--queue", default=None, help="the DLQ (default: the topology's)")
-    parser.add_argument("--audit-log", default=str(ROOT / ".state" / "replay-audit.jsonl"))
+    parser.add_argument("--audit-log", default=str(ROOT / DEFAULT_AUDIT_LOG))
     args = parser.parse_args()
     selection = Selection(args.message_id, args.error_type, args.since, args.until, args.key)
     if not args.all and selection == Selection():
@@ -68,32 +68,18 @@ def main() -> int:
     if args.queue is None:
         args.queue = topology_from(args).names.dlq
     settings = settings_from_env("amqp-lab replay")
-    audit = Path(args.audit_log)
-    audit.parent.mkdir(parents=True, exist_ok=True)
 
-    with audit.open("a") as log:
+    with (
+        AuditLog(Path(args.audit_log), vhost=settings.vhost, queue=args.queue) as log,
+        Progress("DLQ records read") as progress,
+    ):
 
         def show(result: ReplayResult) -> None:
+            progress.close()  # reading is over: the result lines follow on their own
             line = f"message_id={result.entry.message_id} status={result.status}"
             print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
             if result.status != "would-replay":
-                log.write(
-                    json.dumps(
-                        {
-                            "at": utc_iso(datetime.now(UTC).timestamp()),
-                            "vhost": settings.vhost,
-                            "queue": args.queue,
-                            "message_id": result.entry.message_id,
-                            "status": result.status,
-                            "error_type": result.entry.error_type,
-                            "record_last_failed_at": result.entry.last_failed_at,
-                            "record_attempts": result.entry.attempts,
-                            "detail": result.detail,
-                        }
-                    )
-                    + "\n"
-                )
-                log.flush()
+                log.write(result.entry, result.status, result.detail)
 
         results = replay(
             settings,
@@ -103,7 +89,7 @@ def main() -> int:
             limit=args.limit,
             rate=args.rate,
             on_result=show,
-            on_progress=lambda n: print(f"... {n} DLQ records read", file=sys.stderr, flush=True),
+            on_progress=progress.update,
         )
     failed = sum(r.status == "failed" for r in results)
     print(

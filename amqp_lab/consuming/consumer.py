@@ -55,7 +55,7 @@ from amqp_lab.errors import (
     RetryTopologyError,
 )
 from amqp_lab.management import ManagementClient
-from amqp_lab.observability.tracing import start_process_span
+from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.retry_check import check_retry_topology
@@ -372,12 +372,15 @@ class Consumer:
         """Wait for every unit still in a handler thread (after the loop ended abnormally) and
         forget them; returns the first DedupStoreError one of them raised (None if none)."""
         failed: BaseException | None = None
-        for _, future in self._units:
-            if future is None:
-                continue
-            error = future.exception()  # waits: the handler's transaction ends either way
-            if failed is None and isinstance(error, DedupStoreError):
-                failed = error
+        for batch, future in self._units:
+            if future is not None:
+                error = future.exception()  # waits: the handler's transaction ends either way
+                if failed is None and isinstance(error, DedupStoreError):
+                    failed = error
+            for d in batch:  # never settled here: the broker redelivers them
+                if d.span is not None:
+                    end_process_span(d.span, "not-settled", d.error)
+                    d.span = None
         self._units = []
         self._in_flight = 0
         return failed

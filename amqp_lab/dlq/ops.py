@@ -1,4 +1,4 @@
-"""DLQ operations: browse without consuming, depth alert, and explicit replay.
+"""DLQ operations: browse without consuming, depth alert, explicit replay and delete.
 
 Browsing takes each message with basic.get (no auto-ack) and then returns all of them with
 basic.nack(multiple=True, requeue=True): RabbitMQ puts requeued messages back in their original
@@ -20,13 +20,16 @@ import pika.exceptions as pe
 from amqp_lab.connection import open_channel, translate
 from amqp_lab.dlq.record import DlqEntry, replay_message, view_of
 from amqp_lab.errors import AmqpLabError
+from amqp_lab.observability.tracing import replay_span
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 
 __all__ = [
     "PROGRESS_EVERY",
+    "DeleteResult",
     "ReplayResult",
     "browse",
+    "delete",
     "depth",
     "replay",
 ]
@@ -117,7 +120,11 @@ def replay(
     confirms + mandatory: original payload, same message_id, attempts 0, x-death removed. Each
     DLQ copy is basic.ack'ed only after its replay was confirmed; a failed replay (unroutable,
     nacked...) leaves it in place. Replaying a message_id twice cannot apply it twice: the
-    consumer's dedup store skips a message_id it has already processed."""
+    consumer's dedup store skips a message_id it has already processed.
+
+    Each replay is a ``replay <queue>`` span in the trace the record's headers carry, linked to
+    it; the republished message carries that span's context, so the replayed run joins the
+    original trace (:func:`amqp_lab.observability.tracing.replay_span`)."""
     results: list[ReplayResult] = []
     interval = 1.0 / rate if rate else 0.0
     with (
@@ -138,7 +145,9 @@ def replay(
                 if interval and results:
                     sleep(interval)
                 try:
-                    publisher.publish(replay_message(item.entry, exchange))
+                    entry = item.entry
+                    with replay_span(queue, entry.headers, entry.message_id):
+                        publisher.publish(replay_message(entry, exchange))
                 except AmqpLabError as e:
                     result = ReplayResult(item.entry, "failed", str(e))
                 else:
@@ -150,4 +159,53 @@ def replay(
             results.append(result)
             if on_result is not None:
                 on_result(result)
+    return results
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    entry: DlqEntry
+    status: str  # deleted | would-delete
+    detail: str = ""
+
+
+def delete(
+    settings: BrokerSettings,
+    select: Callable[[DlqEntry], bool],
+    *,
+    queue: str,
+    dry_run: bool = False,
+    limit: int | None = None,
+    on_result: Callable[[DeleteResult], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[DeleteResult]:
+    """Remove the selected DLQ entries (at most ``limit``) for good: basic.get every message
+    without ack, basic.ack the selected ones, basic.nack(requeue) the rest back into place.
+    ``on_result`` is called for each only after a synchronous call on the same channel
+    returned, i.e. once the broker has processed the acks. Raises NotFound when ``queue`` is
+    missing, ConnectionLost when the channel dies before the acks are known to be processed
+    (then the unacked messages are back in the queue and nothing is reported deleted)."""
+    results: list[DeleteResult] = []
+    with _holding(settings, queue, None, on_progress) as (channel, held):
+        for item in held:
+            if limit is not None and len(results) >= limit:
+                break
+            if not select(item.entry):
+                continue
+            if dry_run:
+                results.append(DeleteResult(item.entry, "would-delete"))
+                continue
+            try:
+                channel.basic_ack(item.delivery_tag)
+            except pe.AMQPError as e:
+                raise translate(e, settings) from e
+            results.append(DeleteResult(item.entry, "deleted"))
+        if results and not dry_run:
+            try:  # answered after the channel passed the acks on to the queue
+                channel.queue_declare(queue, passive=True)
+            except pe.AMQPError as e:
+                raise translate(e, settings) from e
+    if on_result is not None:
+        for result in results:
+            on_result(result)
     return results

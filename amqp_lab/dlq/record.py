@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from amqp_lab.fieldtable import FieldTableError, table_from_typed, typed_table
+from amqp_lab.fieldtable import FieldTableError, from_typed, table_from_typed, typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     FIRST_SEEN_HEADER,
@@ -238,6 +238,8 @@ class DlqEntry:
     headers: dict[Any, Any]
     properties: dict[str, Any] = field(default_factory=dict)
     traceback: str | None = None
+    queue: str | None = None  # the queue it failed in (the record's, or x-death's latest)
+    x_death: list[Any] | None = None  # the broker's x-death array, where it had one
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe, lossless: headers and properties in the typed encoding."""
@@ -293,6 +295,8 @@ def _view_of_record(record: dict[str, Any]) -> DlqEntry:
         headers=headers,
         properties=props,
         traceback=error.get("traceback"),
+        queue=_text(record["original"]["queue"]) if record["original"].get("queue") else None,
+        x_death=_deaths(from_typed(record["x_death"])) if record.get("x_death") else None,
     )
 
 
@@ -329,7 +333,13 @@ def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
             for name in REPLAYED_PROPERTIES
             if getattr(properties, name, None) is not None
         },
+        queue=_text(first["queue"]) if "queue" in first else None,
+        x_death=_deaths(deaths),
     )
+
+
+def _deaths(value: Any) -> list[Any] | None:
+    return list(value) if isinstance(value, list) and value else None
 
 
 def _text(value: Any) -> str:

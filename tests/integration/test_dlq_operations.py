@@ -71,7 +71,7 @@ def test_summary_and_replay_of_one_error_type_on_1000_records(
         ["700", "RuntimeError"],
         ["300", "BusinessError"],
     ]
-    assert "... 1000 records read" in summary.stderr  # progress while it runs
+    assert "records read" not in summary.stderr  # progress only on a terminal, not a pipe
     audit = tmp_path / "audit.jsonl"
     result = run_script(
         thousand,
@@ -84,7 +84,7 @@ def test_summary_and_replay_of_one_error_type_on_1000_records(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "300 selected, 300 replayed, 0 failed"
-    assert "... 500 DLQ records read" in result.stderr
+    assert "records read" not in result.stderr  # no progress line in a pipe
     wait_ready_count(thousand, "q:tasks:dlq", 700)
     assert ready_count(thousand, "q:tasks") == 300
     entries = [json.loads(line) for line in audit.read_text().splitlines()]

@@ -309,6 +309,7 @@ def test_view_of_a_record_message() -> None:
         payload_encoding="json",
         headers={"trace": b"t-7"},
         properties={"content_type": JSON, "priority": 4},
+        queue="q:tasks",
     )
 
 
@@ -333,6 +334,8 @@ def test_view_of_a_raw_message_with_x_death(as_bytes: bool) -> None:
         payload_encoding="json",
         headers=headers,
         properties={"priority": 3},
+        queue="q:tasks",
+        x_death=headers["x-death"],
     )
 
 
