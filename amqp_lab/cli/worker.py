@@ -364,7 +364,13 @@ def main(
         )
     else:
         consumer = Consumer(settings, handler, store, config, on_report=report, observer=metrics)
-    drain = SignalDrain(consumer, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
+
+    def on_signal(text: str) -> None:
+        if args.log_format == "json":
+            text = json_line("signal", level="warning", message=text)
+        print(text, file=sys.stderr, flush=True)
+
+    drain = SignalDrain(consumer, on_signal=on_signal)
     try:
         with drain:
             handled = consumer.run()

@@ -128,8 +128,9 @@ def test_a_scrape_shows_the_counters_and_the_logs_parse_as_json(
     (invalid,) = [e for e in deliveries if e["message_id"] == "invalid-1"]
     assert invalid["classification"] == "business" and invalid["error_type"] == "BusinessError"
     assert events[-1]["event"] == "worker_stopped" and events[-1]["handled"] == 9
-    for line in err.splitlines():  # the drain notice and any log line: JSON too, or plain notice
-        assert f":{topology.password}@" not in line
+    notices = [json.loads(line) for line in err.splitlines()]  # stderr is JSON lines too
+    assert [n["event"] for n in notices if n["event"] == "signal"] == ["signal"]  # the drain
+    assert f":{topology.password}@" not in err
 
 
 def test_a_metrics_port_in_use_is_one_error_line(topology: BrokerSettings, tmp_path: Path) -> None:
