@@ -4,7 +4,8 @@ dedup, DLQ records.
 One line per delivery:
 ``message_id=<id> outcome=processed|duplicate|requeued|dead-lettered|parked attempts=<n> ...``
 and a final ``worker stopped: ...`` line; with ``--log-format json`` one JSON object per line
-instead (events ``delivery``, ``worker_stopped``, ``log``, ``error``). ``--metrics-port`` serves
+instead (events ``metrics``, ``delivery``, ``worker_stopped``; on stderr ``log``, ``signal``,
+``error``). ``--metrics-port`` serves
 Prometheus metrics on /metrics. Exit 0 when it finished (idle-exit, max-messages,
 SIGTERM drained), 130 after SIGINT drained, 1 with one ``error:`` line otherwise; a second
 signal exits at once.
@@ -17,6 +18,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from amqp_lab.cli.common import (
     EXIT_OK,
@@ -302,14 +305,19 @@ def main(
         parser.error("--metrics-port must be within 0..65535")
     retention = args.retention_days * DAY
     check_retention(retention, retry, args.replay_window_days * DAY)  # refuses to start
-    settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
     queue_name = ",".join(names.shard_queues) if names.shards else names.queue
     if args.log_format == "json":
+        use_json_logs(queue=queue_name)  # from here on, an error line is JSON too
+    settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
+    if args.log_format == "json":
         use_json_logs(queue=queue_name, vhost=settings.vhost)
-    metrics = ConsumerMetrics(settings.vhost, queue_name)
+    registry = CollectorRegistry()  # this worker's own: main() may run twice in one process
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    metrics = ConsumerMetrics(settings.vhost, queue_name, registry)
     if args.metrics_port is not None:
         try:
-            server, _ = serve_metrics(args.metrics_port, args.metrics_host)
+            server, _ = serve_metrics(args.metrics_port, args.metrics_host, registry)
         except OSError as e:
             raise ConfigurationError(
                 f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"

@@ -40,7 +40,7 @@ from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
-from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver, guarded
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
@@ -88,7 +88,7 @@ class Consumer:
         observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.settings = settings
-        self.observer = observer
+        self.observer = observer = guarded(observer)
         self.handler = handler
         self.store = store
         self.config = config
@@ -264,6 +264,7 @@ class Consumer:
         for method, properties, body in consuming:
             now = time.monotonic()
             self.watch.check()
+            self._note_unacked(channel, len(pending) + (method is not None))
             if method is not None:
                 if not pending:
                     batch_started = now
@@ -352,10 +353,18 @@ class Consumer:
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
-        self.observer.unacked(self._in_flight + len(self._settler.parked_tags))
+        self._note_unacked(channel)
         units.append((batch, self._submit(connection, batch)))
         if alone:
             self._settle_all(connection, channel, units)
+
+    def _note_unacked(self, channel: Any, collected: int = 0) -> None:
+        """Tell the observer how many deliveries the broker has handed over and this consumer
+        has not settled: in handler threads, ``collected`` for a batch, parked, and received
+        by pika but not yet taken (the broker counts them all as unacked)."""
+        waiting = channel.get_waiting_message_count() if channel.is_open else 0
+        parked = len(self._settler.parked_tags)
+        self.observer.unacked(self._in_flight + collected + parked + waiting)
 
     def _settle_done(
         self, connection: Any, channel: Any, units: list[_InFlight], block: bool
@@ -509,6 +518,9 @@ class Consumer:
                 delivery_tag=d.delivery_tag,
                 attempt=d.attempt,
             )
+            context = d.span.get_span_context()
+            if context.is_valid:  # with an SDK, a message without a trace starts one
+                d.trace_id = format(context.trace_id, "032x")
         return batch
 
     def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:
@@ -532,16 +544,20 @@ class Consumer:
         a parked delivery sits on the channel."""
         batch, future = in_flight
         self._in_flight -= len(batch)
-        self.observer.unacked(self._in_flight + len(self._settler.parked_tags))
-        if future is not None:
-            future.result()  # done: raises what the store raised (nothing is settled then)
+        self._note_unacked(channel)
         reports: list[DeliveryReport | None] = []  # in delivery order; None: not settled
         try:
+            if future is not None:
+                future.result()  # done: raises what the store raised (nothing is settled then)
             self._settler.settle_batch(connection, channel, batch, reports)
         finally:  # what was settled is reported, even when a later settlement raised
             for report in reports:
                 if report is not None:
                     self.on_report(report)
+            for d in batch:  # not settled (the store failed, the channel closed): redelivered
+                if d.span is not None:
+                    end_process_span(d.span, "not-settled", d.error)
+                    d.span = None
 
     def _wait_any(self, connection: Any, units: list[_InFlight]) -> None:
         """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing. If

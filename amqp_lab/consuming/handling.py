@@ -7,6 +7,7 @@ committed before the consumer's I/O thread settles anything (pure of pika: no ch
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from amqp_lab.errors import DedupStoreError, PoisonMessage
 from amqp_lab.message import FIRST_SEEN_HEADER
 
 __all__ = ["HandlerRunner"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -61,12 +64,23 @@ class HandlerRunner:
             self._handler_time.seconds = 0.0
             started = time.perf_counter()
             try:
-                return call()
-            finally:
-                spent = time.perf_counter() - started - self._handler_time.seconds
-                self.observer.store_call(operation, max(0.0, spent))
+                result = call()
+            except BaseException:
+                self._observe(operation, started)
+                raise
+            self._observe(operation, started)
+            return result
 
         return self._store.call(timed)
+
+    def _observe(self, operation: str, started: float) -> None:
+        """Tell the observer one store operation's seconds, without the handler's; never
+        raises (a failing observer must not change the store's result)."""
+        try:
+            spent = time.perf_counter() - started - self._handler_time.seconds
+            self.observer.store_call(operation, max(0.0, spent))
+        except Exception as e:
+            log.warning("observer store_call raised (ignored): %s: %s", type(e).__name__, e)
 
     def process(self, batch: list[Delivery]) -> None:
         """Handler thread: every store call and handler run of a batch, committed before any
@@ -162,7 +176,12 @@ class HandlerRunner:
                 if d.span is None:
                     work(db)
                 else:
-                    with trace.use_span(d.span, end_on_exit=False, record_exception=False):
+                    with trace.use_span(
+                        d.span,
+                        end_on_exit=False,
+                        record_exception=False,  # recorded, masked, when the span ends
+                        set_status_on_exception=False,
+                    ):
                         work(db)
             finally:
                 spent = time.perf_counter() - started

@@ -90,11 +90,13 @@ class Settler:
         self.settled = False  # this connection settled a delivery
         self.parked_tags: dict[int, str] = {}  # delivery tag -> why, on the current channel
         self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
+        self._stuck: DeadLetterFailed | None = None  # raised once the parked one is reported
 
     def new_connection(self) -> None:
         """Forget the old connection's channel: its parked deliveries are back in the queue."""
         self.settled = False
         self._multiple_ok = True
+        self._stuck = None
         self.parked_tags.clear()
 
     def settle_batch(
@@ -141,6 +143,9 @@ class Settler:
                 last = d
                 continue
             reports.append(self._settle_failure(connection, channel, d, settlement))
+            if self._stuck is not None:  # reported above as parked; now the consumer stops
+                stuck, self._stuck = self._stuck, None
+                raise stuck
         if last is None:
             return
         if len(batch) > 1 and self._multiple_ok and self.config.concurrency == 1:
@@ -234,7 +239,7 @@ class Settler:
         self._multiple_ok = False
         log.warning("message_id=%s parked (left unacked): %s", d.message_id, error)
         if len(self.parked_tags) >= self.config.prefetch:
-            raise DeadLetterFailed(
+            self._stuck = DeadLetterFailed(
                 f"{len(self.parked_tags)} deliveries parked, as many as the prefetch: the DLQ "
                 f"takes nothing ({error})"
             )

@@ -21,6 +21,7 @@ trace survives a hop through a worker that does not trace.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,6 +33,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.settings import mask_url
 
 __all__ = [
     "TRACE_HEADERS",
@@ -44,18 +46,34 @@ __all__ = [
     "start_process_span",
     "trace_id_of",
     "tracer",
+    "use_tracer_provider",
     "with_current_context",
 ]
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 """The W3C trace-context headers carried in AMQP message headers."""
 
+log = logging.getLogger(__name__)
 _PROPAGATOR = TraceContextTextMapPropagator()
 _INSTRUMENTATION = "amqp_lab"
 
 
+_provider: trace.TracerProvider | None = None
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """Make amqp-lab's spans go to ``provider`` instead of the global TracerProvider (None:
+    back to the global one). OpenTelemetry lets a process set its global provider once; this
+    lets a test, or an application with several pipelines, choose per library."""
+    global _provider
+    _provider = provider
+
+
 def tracer() -> trace.Tracer:
-    """amqp-lab's tracer from the global TracerProvider (a no-op one without an SDK)."""
+    """amqp-lab's tracer: from :func:`use_tracer_provider`'s provider, else the global
+    TracerProvider (a no-op one without an SDK)."""
+    if _provider is not None:
+        return _provider.get_tracer(_INSTRUMENTATION)
     return trace.get_tracer(_INSTRUMENTATION)
 
 
@@ -175,11 +193,14 @@ def end_process_span(span: Span, outcome: str, error: BaseException | None) -> N
     """End a process span with its settlement: ``amqp_lab.outcome`` (processed, duplicate,
     requeued, dead-lettered, parked...) and, for a failed handler, the exception and an
     ERROR status."""
-    span.set_attribute("amqp_lab.outcome", outcome)
-    if error is not None:
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}"))
-    span.end()
+    try:
+        span.set_attribute("amqp_lab.outcome", outcome)
+        if error is not None:  # the message masked, as in every log line
+            span.record_exception(error, {"exception.message": mask_url(str(error))})
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}"))
+        span.end()
+    except Exception as e:  # an exporter's bug must not reach settlement
+        log.warning("ending the process span failed (ignored): %s: %s", type(e).__name__, e)
 
 
 @contextmanager

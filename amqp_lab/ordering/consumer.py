@@ -57,7 +57,7 @@ from amqp_lab.consuming.dead_letter import (
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
-from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver, guarded
 from amqp_lab.consuming.settlement import Action as SettleAction
 from amqp_lab.consuming.settlement import Outcome, Settlement, classify
 from amqp_lab.consuming.store_retry import StoreRetry
@@ -73,6 +73,7 @@ from amqp_lab.errors import (
     PoisonMessage,
 )
 from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER
+from amqp_lab.observability.tracing import context_from_headers
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
@@ -165,7 +166,7 @@ class OrderedConsumer:
     ) -> None:
         self.settings, self.store, self.config = settings, store, config
         self.on_report = on_report or (lambda r: log.info(r.line()))
-        self.observer = observer
+        self.observer = observer = guarded(observer)
         self._blocked = BlockedTime(observer.blocked)
         self.clock, self.monotonic, self.uniform = clock, monotonic, uniform
         self.state = State.STOPPED
@@ -228,6 +229,7 @@ class OrderedConsumer:
             self.state = State.STOPPED
             self._executor.shutdown(wait=True)
             drop_connection(self._connection)
+            self._blocked.closed()
 
     # --- one connection ---------------------------------------------------------------------
     def _session(self) -> None:
@@ -322,7 +324,7 @@ class OrderedConsumer:
         failures = self._lines.failures(key)
         retry = failures > 0
         if retry:  # a decode error stays: such a delivery never reaches this point again
-            d.error, d.duplicate = None, False
+            d.error, d.duplicate, d.handler_seconds = None, False, None
             if d.task is not None:  # the handler sees which try this is
                 d.task = dataclasses.replace(d.task, attempt=d.attempt + failures)
         self._process(connection, d, retry)
@@ -417,7 +419,11 @@ class OrderedConsumer:
         )
         try:
             self._writer.write(
-                connection, channel, message, f"DLQ record for message_id={d.message_id}"
+                connection,
+                channel,
+                message,
+                f"DLQ record for message_id={d.message_id}",
+                context_from_headers(d.headers),  # the dead-letter joins the message's trace
             )
         except StaleDelivery as e:  # the channel closed: nothing written, all redelivered
             raise ConnectionLost(str(e)) from e

@@ -39,6 +39,7 @@ from tenacity import (
 )
 
 from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
+from amqp_lab.consuming.observer import guarded
 from amqp_lab.errors import (
     BrokerUnavailable,
     ConnectionLost,
@@ -90,7 +91,7 @@ class Publisher:
         self.settings = settings
         self.retry = retry or PublishRetry()
         self._sleep = sleep
-        self.observer = observer
+        self.observer = observer = guarded(observer)
         self._blocked = BlockedTime(observer.blocked)
         self._connections = 0
         self._connection: Any = None
@@ -137,14 +138,14 @@ class Publisher:
         started = time.perf_counter()
         try:
             reply = publish_and_wait(channel, message, properties)
-            if reply is Reply.ACK:
-                self.observer.confirmed_after(message.exchange, time.perf_counter() - started)
         except pe.ChannelClosedByBroker as e:
             self._channel = None  # replace the dead channel; the connection is still good
             raise translate(e, self.settings) from e
         except Exception as e:
             self.close()
             raise translate(e, self.settings) from e
+        if reply is Reply.ACK:
+            self.observer.confirmed_after(message.exchange, time.perf_counter() - started)
         if reply is Reply.NACKED:
             raise _Nacked()
         error = outcome_error(reply, message)

@@ -57,6 +57,7 @@ from amqp_lab.connection import (
     connection_parameters,
     translate,
 )
+from amqp_lab.consuming.observer import guarded
 from amqp_lab.errors import (
     AmqpLabError,
     AuthenticationFailed,
@@ -162,7 +163,7 @@ class PipelinedPublisher:
         if window < 1:
             raise ValueError("window must be >= 1")
         self.settings = settings
-        self.observer = observer
+        self.observer = observer = guarded(observer)
         self._blocked = BlockedTime(observer.blocked)
         self.window = window
         self.max_attempts = max_attempts

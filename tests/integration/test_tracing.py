@@ -22,6 +22,7 @@ from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.ops import replay
 from amqp_lab.errors import TransientError
 from amqp_lab.message import Task
+from amqp_lab.observability.tracing import use_tracer_provider
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
@@ -30,18 +31,20 @@ from tests.support import NAMES, consumer_config, get_all, lab_message, wait_rea
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
-    """An SDK TracerProvider exporting to memory (set once: OpenTelemetry allows one global
-    provider per process). Shut down after the module: later tests' spans are not kept."""
+    """An SDK TracerProvider exporting to memory, for amqp-lab's spans only and for this test
+    only (use_tracer_provider): the process's global provider is left alone, so later tests'
+    messages carry no trace context."""
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:
-        pytest.skip("another test installed a global TracerProvider first")
-    yield memory
-    memory.shutdown()
+    use_tracer_provider(provider)
+    try:
+        yield memory
+    finally:
+        use_tracer_provider(None)
+        provider.shutdown()
 
 
 def consume(settings: BrokerSettings, tmp_path: Path, handler: Any, **options: Any) -> list[Any]:
@@ -58,7 +61,6 @@ def consume(settings: BrokerSettings, tmp_path: Path, handler: Any, **options: A
 def test_one_trace_across_retries_dead_letter_and_replay(
     topology: BrokerSettings, tmp_path: Path, exporter: InMemorySpanExporter
 ) -> None:
-    exporter.clear()
     with Publisher(topology) as publisher:
         publisher.publish(lab_message(body=b'{"n": 1}', message_id="traced-1"))
     failing = RetryPolicy("backoff", max_attempts=3, base=0.05, cap=0.2)
@@ -119,16 +121,15 @@ def test_one_trace_across_retries_dead_letter_and_replay(
 def test_a_malformed_traceparent_starts_a_new_trace_and_loses_nothing(
     topology: BrokerSettings, tmp_path: Path, exporter: InMemorySpanExporter
 ) -> None:
-    exporter.clear()
     hostile = {"traceparent": "00-zzzz-not-a-trace-01", "tracestate": b"\xff\xfe"}
     with open_channel(topology) as channel:  # raw pika: our publisher would replace them
         channel.confirm_delivery()
         properties = pika.BasicProperties(message_id="hostile-1", headers=hostile)
         channel.basic_publish(NAMES.exchange, NAMES.routing_key, b"{}", properties)
     reports = consume(topology, tmp_path, lambda task, db: None)
-    assert [(r.message_id, r.outcome, r.trace_id) for r in reports] == [
-        ("hostile-1", "processed", None)
-    ]
+    assert [(r.message_id, r.outcome) for r in reports] == [("hostile-1", "processed")]
     (process,) = [s for s in exporter.get_finished_spans() if s.name == "process q:tasks"]
     assert process.parent is None  # a new trace, not a crash
+    # the report (and the JSON log line) names the trace the delivery's span started
+    assert reports[0].trace_id == format(process.context.trace_id, "032x")
     assert get_all(topology, NAMES.queue) == []

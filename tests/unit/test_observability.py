@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from amqp_lab.connection import BlockedTime
 from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.consuming.observer import NO_OBSERVER, guarded
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.logs import JsonFormatter, json_line, report_event
 from amqp_lab.observability.metrics import ConsumerMetrics, PublisherMetrics
@@ -207,3 +208,15 @@ def test_the_json_formatter_masks_log_records() -> None:
     event = json.loads(JsonFormatter(queue="q").format(record))
     assert event["level"] == "warning" and event["queue"] == "q"
     assert event["message"] == "lost amqps://a:***@h/v"
+
+
+def test_a_guarded_observer_logs_and_swallows(caplog: pytest.LogCaptureFixture) -> None:
+    class Raising:
+        def settled(self, report: DeliveryReport) -> None:
+            raise ValueError("bug")
+
+    observer = guarded(Raising())
+    with caplog.at_level(logging.WARNING):
+        observer.settled(report("processed"))  # does not raise
+    assert "observer settled raised (ignored): ValueError: bug" in caplog.text
+    assert guarded(NO_OBSERVER) is NO_OBSERVER  # nothing to guard, nothing wrapped
