@@ -86,6 +86,9 @@ def run(main: Callable[[], int]) -> None:
     # pika logs basic.return at WARNING and failed connection attempts with tracebacks at
     # ERROR; the scripts report both themselves, as one line each.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
+    # OpenTelemetry warns once per message whose tracestate is malformed: a hostile publisher
+    # could flood the log; such a header is ignored (a new trace starts) either way.
+    logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
     try:
         code = main()
     except AmqpLabError as e:
