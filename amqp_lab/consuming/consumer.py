@@ -40,7 +40,7 @@ from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
-from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver, guarded
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
@@ -55,6 +55,7 @@ from amqp_lab.errors import (
     RetryTopologyError,
 )
 from amqp_lab.management import ManagementClient
+from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings

@@ -57,7 +57,7 @@ from amqp_lab.consuming.dead_letter import (
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
-from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver, guarded
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action as SettleAction
 from amqp_lab.consuming.settlement import Outcome, Settlement, classify
 from amqp_lab.consuming.store_retry import StoreRetry
@@ -73,6 +73,7 @@ from amqp_lab.errors import (
     PoisonMessage,
 )
 from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER
+from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import context_from_headers
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys

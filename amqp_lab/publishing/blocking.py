@@ -39,7 +39,6 @@ from tenacity import (
 )
 
 from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
-from amqp_lab.consuming.observer import guarded
 from amqp_lab.errors import (
     BrokerUnavailable,
     ConnectionLost,
@@ -47,6 +46,7 @@ from amqp_lab.errors import (
     MessageUnroutable,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver

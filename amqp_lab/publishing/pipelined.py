@@ -57,7 +57,6 @@ from amqp_lab.connection import (
     connection_parameters,
     translate,
 )
-from amqp_lab.consuming.observer import guarded
 from amqp_lab.errors import (
     AmqpLabError,
     AuthenticationFailed,
@@ -69,6 +68,7 @@ from amqp_lab.errors import (
     VhostAccessDenied,
 )
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import with_current_context
 from amqp_lab.publishing.confirm import Reply, outcome_error
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver

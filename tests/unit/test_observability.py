@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from amqp_lab.connection import BlockedTime
 from amqp_lab.consuming.delivery import DeliveryReport
-from amqp_lab.consuming.observer import NO_OBSERVER, guarded
+from amqp_lab.consuming.observer import NO_OBSERVER
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.logs import JsonFormatter, json_line, report_event
 from amqp_lab.observability.metrics import ConsumerMetrics, PublisherMetrics
 from amqp_lab.observability.tracing import (
