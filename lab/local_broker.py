@@ -153,9 +153,27 @@ class LocalBroker:
         _wait_port_closed(self.amqp_port, 30)
 
     def restart(self) -> None:
-        """A real process restart that keeps the data dir (durable queues, persistent messages)."""
+        """A real process restart that keeps the data dir (durable queues, persistent messages).
+        Raises LocalBrokerError, touching nothing, when the running node keeps its data in
+        another checkout's ``.broker``: restarting it from here would bring it back empty (the
+        node name and ports are per machine, the data dir per checkout)."""
+        running_in = self.running_data_dir()
+        ours = self.base_dir / "data"
+        if running_in is not None and not running_in.is_relative_to(ours):
+            raise LocalBrokerError(
+                f"node {self.nodename} runs on the data of another checkout ({running_in}); "
+                f"restarting it from here would start it with the empty {ours}: run this from "
+                "that checkout, or stop the node there first (python scripts/broker.py stop)"
+            )
         self.stop()
         self.start()
+
+    def running_data_dir(self) -> Path | None:
+        """The running node's own data dir (``rabbit_mnesia:dir()``), None when it does not
+        answer."""
+        result = self._ctl("eval", "rabbit_mnesia:dir().", timeout=30)
+        text = result.stdout.strip().strip('"')
+        return Path(text) if result.returncode == 0 and text.startswith("/") else None
 
     def status(self) -> str:
         return "running" if self.is_running() else "stopped"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Run a dedicated local RabbitMQ node with our rabbitmq.conf, clear of any broker on 5672.
 
-    python scripts/broker.py start|stop|restart|kill|status|url|env
+    python scripts/broker.py start|stop|restart|kill|status|url|env [--vhost NAME]
 
 ``url`` prints the EAI_AMQP_URL for the node; ``env`` prints export lines for EAI_AMQP_URL and
-EAI_MGMT_URL (use: eval "$(python scripts/broker.py env)"). Data lives in .broker/ (git-ignored)
+EAI_MGMT_URL (use: eval "$(python scripts/broker.py env)"; ``--vhost amqp-lab-demo`` for the
+demo's vhost; default ``/``). Data lives in .broker/ (git-ignored)
 and survives ``restart``.
 """
 
@@ -14,6 +15,7 @@ import argparse
 
 from _cli import EXIT_FAILED, EXIT_OK, run
 
+from amqp_lab.settings import BrokerSettings
 from lab.local_broker import LocalBroker
 
 
@@ -22,12 +24,16 @@ def main() -> int:
     parser.add_argument(
         "command", choices=["start", "stop", "restart", "kill", "status", "url", "env"]
     )
+    parser.add_argument("--vhost", default=None, help="url / env: this vhost (default /)")
     args = parser.parse_args()
     broker = LocalBroker()
+    url = broker.amqp_url
+    if args.vhost is not None:
+        url = BrokerSettings(url).with_vhost(args.vhost).amqp_url
     if args.command == "url":
-        print(broker.amqp_url)
+        print(url)
     elif args.command == "env":
-        print(f"export EAI_AMQP_URL='{broker.amqp_url}'")
+        print(f"export EAI_AMQP_URL='{url}'")
         print(f"export EAI_MGMT_URL='{broker.management_url}'")
     elif args.command == "status":
         status = broker.status()

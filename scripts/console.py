@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 from pathlib import Path
 
 from _cli import ROOT, add_topology_option, run, settings_from_env, topology_from
@@ -61,7 +62,7 @@ def main() -> int:
     if args.rate <= 0:
         parser.error("--rate must be > 0")
     try:
-        from werkzeug.serving import run_simple
+        from werkzeug.serving import make_server
 
         from amqp_lab.console import create_app
     except ImportError as e:
@@ -82,12 +83,26 @@ def main() -> int:
     )
     logging.getLogger("werkzeug").addFilter(TokenLogFilter(token))
     host = f"[{args.host}]" if ":" in args.host else args.host
+    # bind first, and say "on http://..." only once it really listens there; werkzeug would
+    # print two lines of its own and exit on a taken port
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    try:
+        with socket.socket(family) as probe:
+            probe.bind((args.host, args.port))
+    except OSError as e:
+        raise ConfigurationError(f"cannot listen on {host}:{args.port}: {e}") from e
+    server = make_server(args.host, args.port, app, threaded=True)
     print(
         f"DLQ console for {queue} in vhost {settings.vhost!r} ({settings.masked_url}) on "
         f"http://{host}:{args.port}/" + (" (access token required)" if token else ""),
         flush=True,
     )
-    run_simple(args.host, args.port, app, threaded=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 

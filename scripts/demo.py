@@ -147,6 +147,10 @@ def say_broker_left_running(node: LocalBroker, how: str) -> None:
         f"AMQP 127.0.0.1:{node.amqp_port}, management {node.management_url} (guest/guest), "
         f"vhost {DEMO_VHOST!r}."
     )
+    print(
+        "To work in its vhost (dlq.py, console.py, exporter.py, worker.py): "
+        f'eval "$(python scripts/broker.py env --vhost {DEMO_VHOST})"'
+    )
     print("Stop it with: python scripts/broker.py stop", flush=True)
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Serve the queue-side Prometheus metrics: work queue and DLQ depth, consumers, the DLQ's
-oldest record age, probe success (amqp_lab.observability.queues; docs/operating.md).
+"""Serve the queue-side Prometheus metrics (queue depth, consumers, DLQ age, probe success).
+
+Work queue and DLQ depth, consumers, the DLQ's oldest record age and probe success
+(amqp_lab.observability.queues; docs/operating.md).
 
     python scripts/exporter.py [--port 9419] [--host 127.0.0.1] [--topology FILE]
                                [--ordered SHARDS] [--timeout S]
@@ -21,6 +23,7 @@ from types import FrameType
 from _cli import EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 from prometheus_client import CollectorRegistry, start_http_server
 
+from amqp_lab.errors import ConfigurationError
 from amqp_lab.observability.queues import DEFAULT_TIMEOUT, QueueCollector
 
 DEFAULT_PORT = 9419
@@ -52,7 +55,10 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    try:
+        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    except OSError as e:
+        raise ConfigurationError(f"cannot serve metrics on {args.host}:{args.port}: {e}") from e
     print(
         f"exporter: serving queue metrics of vhost {settings.vhost!r} on "
         f"http://{args.host}:{server.server_port}/metrics",

@@ -81,15 +81,17 @@ def normalise_message(message: str, message_id: str | None = None) -> str:
 def top_frame(traceback: str | None) -> str | None:
     """``file in function`` of the frame where the exception was raised - the last frame of a
     formatted traceback (with chained exceptions: of the one raised last) - without its line
-    number; an installed package's path starts after ``site-packages/``. None when there is no
-    traceback or no frame in it."""
+    number, and with only the file's last two path parts (``package/module.py``), so the same
+    bug raised by workers in different checkouts or release directories
+    (``/srv/releases/41/app/orders.py``, ``/srv/releases/42/app/orders.py``) is one group.
+    None when there is no traceback or no frame in it."""
     if not traceback:
         return None
     frames = list(_FRAME.finditer(traceback))
     if not frames:
         return None
     last = frames[-1]
-    path = _INSTALLED.sub("", last.group("file"))
+    path = "/".join(_INSTALLED.sub("", last.group("file")).replace("\\", "/").split("/")[-2:])
     return f"{path} in {last.group('function').strip()}"
 
 

@@ -133,7 +133,7 @@ def test_different_error_types_never_merge(types: list[str], message: str) -> No
 
 # --- top_frame -----------------------------------------------------------------------------
 def test_top_frame_is_where_the_exception_was_raised() -> None:
-    assert top_frame(raised_in_inner()) == f"{__file__} in inner"
+    assert top_frame(raised_in_inner()) == "unit/test_dlq_fingerprint.py in inner"
 
 
 def test_top_frame_of_a_chained_exception_is_the_last_raised() -> None:
@@ -148,7 +148,7 @@ def test_top_frame_of_a_chained_exception_is_the_last_raised() -> None:
     except RuntimeError as e:
         text = "".join(traceback.format_exception(e))
     assert "KeyError" in text
-    assert top_frame(text) == f"{__file__} in outer"
+    assert top_frame(text) == "unit/test_dlq_fingerprint.py in outer"
 
 
 def test_top_frame_has_no_line_number_and_no_install_prefix() -> None:
@@ -161,6 +161,17 @@ def test_top_frame_has_no_line_number_and_no_install_prefix() -> None:
     assert top_frame(text) == "shop/orders.py in place"
     moved = text.replace("line 88", "line 91")
     assert fingerprint_of(entry("boom", tb=text)) == fingerprint_of(entry("boom", tb=moved))
+
+
+def test_the_same_bug_from_two_release_directories_is_one_group() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/releases/41/app/orders.py", line 88, in place\n'
+        "ValueError: boom\n"
+    )
+    newer = text.replace("/releases/41/", "/releases/42/")
+    assert top_frame(text) == top_frame(newer) == "app/orders.py in place"
+    assert len(group([entry("boom", tb=text), entry("boom", tb=newer)])) == 1
 
 
 def test_no_traceback_no_frame() -> None:
