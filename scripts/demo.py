@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 from _cli import EXIT_FAILED, EXIT_OK, ROOT, run
@@ -55,9 +56,12 @@ def script(name: str, *args: str, ok: tuple[int, ...] = (0,)) -> subprocess.Comp
     return result
 
 
-def scraped_worker(*args: str) -> tuple[str, dict[str, list[str]]]:
-    """Run worker.py with ``--metrics-port 0`` and scrape its /metrics every 0.3 s while it runs;
-    returns its stdout and, per counter, the distinct totals seen in order (moving counters)."""
+def scraped_worker(
+    *args: str, during: Callable[[], object] = lambda: None
+) -> tuple[str, dict[str, list[str]]]:
+    """Run worker.py with ``--metrics-port 0`` and scrape its /metrics every 0.3 s while it runs,
+    calling ``during()`` (more publishing) once after the first scrape; returns its stdout and,
+    per counter, the distinct totals seen in order (moving counters)."""
     command = [sys.executable, str(ROOT / "scripts" / "worker.py"), *args, "--metrics-port", "0"]
     print(f"$ python scripts/worker.py {' '.join(args)} --metrics-port 0", flush=True)
     worker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -68,7 +72,11 @@ def scraped_worker(*args: str) -> tuple[str, dict[str, list[str]]]:
     url = lines[0].strip().split(" ")[-1]
     seen: dict[str, list[str]] = {}
     last = ""
+    scrapes = 0
     while worker.poll() is None:
+        if scrapes == 1:
+            during()  # while the worker runs: its counters move between two scrapes
+        scrapes += 1
         try:
             text = httpx.get(url, timeout=2).text
         except httpx.HTTPError:
@@ -199,9 +207,11 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
 
     step(
         "4. worker: manual ack after the work, prefetch 10, exits after 2 s idle; its "
-        "/metrics scraped while it runs"
+        "/metrics scraped while it runs, and 3 more ok tasks published meanwhile"
     )
-    worker, scrapes = scraped_worker("--idle-exit", "2")
+    worker, scrapes = scraped_worker(
+        "--idle-exit", "2", during=lambda: script("publish.py", "--kind", "ok", "--count", "3")
+    )
     summary.append(
         "metrics (scraped from the running worker): "
         + "; ".join(f"{name} {' -> '.join(values)}" for name, values in scrapes.items())
