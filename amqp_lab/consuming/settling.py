@@ -167,7 +167,7 @@ class Settler:
         first_seen_at = (
             first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
         )
-        kind = RECORD_CLASS[settlement.classification]
+        kind = RECORD_CLASS.get(settlement.classification, "unknown")
         parent = context_of(d.span)  # the retry copy / DLQ record continue the delivery's trace
         if settlement.action is Action.REQUEUE:
             # basic.reject, not basic.nack: RabbitMQ 4.3+ quorum queues count only a reject
