@@ -22,6 +22,7 @@ __all__ = [
     "ConsumerCancelled",
     "DeadLetterFailed",
     "DedupStoreError",
+    "HandlerContractError",
     "HandlerError",
     "InvalidMessage",
     "KeyParked",
@@ -40,6 +41,7 @@ __all__ = [
     "TransientError",
     "UnencodableMessage",
     "VhostAccessDenied",
+    "error_text",
 ]
 
 
@@ -210,3 +212,21 @@ class KeyParked(BusinessError):
     """Ordered mode with ``after_dead_letter="park"``: an earlier message of the same key was
     dead-lettered, so this one goes to the DLQ behind it instead of running out of order.
     Replaying the key's records (``replay.py --key KEY``) releases it (docs/ordering.md)."""
+
+
+class HandlerContractError(BusinessError):
+    """The handler returned something its caller cannot honour as "ran to the end": a
+    generator or async generator (its body never ran), a ``concurrent.futures.Future`` or an
+    awaitable of another event loop (the work runs elsewhere), or an async handler that left
+    tasks running on its event loop (their writes would escape the transaction). Retrying
+    cannot help: the delivery is dead-lettered at once, naming the handler."""
+
+
+def error_text(error: BaseException, limit: int = 2000) -> str:
+    """``str(error)``, at most ``limit`` characters, never raising: a handler's exception is
+    hostile input too - its ``__str__`` may raise or return something that is not a str."""
+    try:
+        text = str(error)
+    except Exception as e:  # an __str__ that raises (or returns a non-str: TypeError)
+        text = f"<str() of {type(error).__name__} raised {type(e).__name__}>"
+    return text[:limit]

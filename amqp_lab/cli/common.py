@@ -12,11 +12,12 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from amqp_lab.errors import AmqpLabError, ConfigurationError
+from amqp_lab.errors import AmqpLabError, ConfigurationError, error_text
 from amqp_lab.observability.logs import JsonFormatter, json_line
 from amqp_lab.settings import BrokerSettings, mask_url
 from amqp_lab.topology import (
@@ -212,9 +213,11 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 
 def load_callable(spec: str) -> Any:
-    """``package.module:function`` (a handler, say) imported and returned, looked up like
+    """``package.module:attribute`` (a handler, say) imported and returned, looked up like
     ``python -m`` does: the current directory first, then the installed packages. Raises
-    ConfigurationError naming what is missing."""
+    ConfigurationError naming what is missing, or - for an error raised while the module is
+    imported - its type, message, file and line. Whether the target can serve as a handler is
+    :func:`amqp_lab.consuming.handler_contract.check_handler`'s question."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"{spec!r}: expected package.module:function")
@@ -223,13 +226,25 @@ def load_callable(spec: str) -> Any:
         sys.path.insert(0, here)  # a console script's sys.path[0] is the venv's bin/
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigurationError(f"cannot import {module_name!r} for {spec!r}: {e}") from e
+    except Exception as e:  # the module is missing, or it raised while importing: say where
+        if isinstance(e, ModuleNotFoundError) and f"{module_name}.".startswith(f"{e.name}."):
+            raise ConfigurationError(f"cannot import {module_name!r} for {spec!r}: {e}") from e
+        raise ConfigurationError(
+            f"importing {module_name!r} for {spec!r} failed at {_where(e)}: "
+            f"{type(e).__name__}: {error_text(e, 500)}"
+        ) from e
     target = module
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ConfigurationError(f"{module_name!r} has no {attribute!r}")
         target = getattr(target, part)
-    if not callable(target):
-        raise ConfigurationError(f"{spec!r} is not callable")
     return target
+
+
+def _where(error: BaseException) -> str:
+    """``file:line`` where ``error`` was raised: a SyntaxError's own position, else the last
+    frame of its traceback."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"

@@ -30,6 +30,7 @@ from amqp_lab.cli.common import (
     topology_from,
 )
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
+from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.lifecycle import SignalDrain
 from amqp_lab.dedup import open_store
 from amqp_lab.dedup.retention import (
@@ -328,7 +329,7 @@ def main(
             f"metrics on http://{args.metrics_host}:{server.server_port}/metrics",
             url=f"http://{args.metrics_host}:{server.server_port}/metrics",
         )
-    handler = load_callable(args.handler)
+    handler = check_handler(load_callable(args.handler), args.handler)
     store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir))
     purger = PeriodicPurge(store, retention, args.purge_interval).start()
     config = ConsumerConfig(

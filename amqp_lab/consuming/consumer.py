@@ -37,6 +37,7 @@ from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
@@ -90,7 +91,7 @@ class Consumer:
     ) -> None:
         self.settings = settings
         self.observer = observer = guarded(observer)
-        self.handler = handler
+        self.handler = check_handler(handler)
         self.store = store
         self.config = config
         self.on_report = on_report or (lambda r: log.info(r.line()))
@@ -114,7 +115,7 @@ class Consumer:
         self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
-            handler, store, config, StoreRetry(config.store_outage), self.watch, observer
+            self.handler, store, config, StoreRetry(config.store_outage), self.watch, observer
         )
         self._settler = Settler(config, store, self._writer, clock, uniform, observer)
         self._blocked = BlockedTime(observer.blocked)
@@ -506,9 +507,7 @@ class Consumer:
     def _prepare(self, deliveries: list[tuple[Any, Any, bytes]]) -> list[Delivery]:
         """Decode ``deliveries`` and start each one's process span (ended once settled)."""
         config, now = self.config, self.clock()
-        batch = [
-            prepare(m, p, b, now, config.retry, config.max_body_bytes) for m, p, b in deliveries
-        ]
+        batch = [prepare(m, p, b, now, config.max_body_bytes) for m, p, b in deliveries]
         for d in batch:
             d.span = start_process_span(
                 config.queue,

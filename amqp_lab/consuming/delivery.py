@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp_lab.consuming.settlement import attempt_number, broker_returns
-from amqp_lab.errors import InvalidMessage
+from amqp_lab.consuming.settlement import attempt_number
+from amqp_lab.errors import InvalidMessage, error_text
 from amqp_lab.message import Task, decode_body, header_attempts, properties_of
 from amqp_lab.observability.tracing import trace_id_of
-from amqp_lab.retry.policy import RetryPolicy
 
 __all__ = ["Delivery", "DeliveryReport", "prepare"]
 
@@ -94,7 +93,8 @@ class Delivery:
     message_id: str | None
     redelivered: bool
     headers: dict[Any, Any]
-    attempt: int = 1
+    attempt: int = 1  # this delivery's number: attempt_number(header_attempts, failures)
+    header_attempts: int = 0  # our attempts header (failures settled by republishing)
     task: Task | None = None
     error: BaseException | None = None
     duplicate: bool = False
@@ -116,7 +116,9 @@ class Delivery:
         classification: str | None = None,
     ) -> DeliveryReport:
         """This delivery's report (``wait``, ``classification``: see DeliveryReport)."""
-        error = None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+        error = None
+        if self.error is not None:
+            error = f"{type(self.error).__name__}: {error_text(self.error)}"
         return DeliveryReport(
             self.message_id,
             outcome,
@@ -145,7 +147,6 @@ def prepare(
     properties: Any,
     body: bytes,
     now: float,
-    policy: RetryPolicy,
     max_body_bytes: int,
 ) -> Delivery:
     """Decode one delivery. Never raises: a delivery that cannot be decoded carries an
@@ -165,7 +166,7 @@ def prepare(
     )
     d.trace_id = trace_id_of(d.headers)
     try:
-        _decode(d, message_id, properties, policy, max_body_bytes)
+        _decode(d, message_id, properties, max_body_bytes)
     except InvalidMessage as e:
         d.error = e
     except Exception as e:  # whatever else a hostile delivery manages: never the worker's end
@@ -173,19 +174,14 @@ def prepare(
     return d
 
 
-def _decode(
-    d: Delivery, message_id: Any, properties: Any, policy: RetryPolicy, max_body_bytes: int
-) -> None:
+def _decode(d: Delivery, message_id: Any, properties: Any, max_body_bytes: int) -> None:
     header_error = getattr(properties, "header_error", None)
     if header_error:
         raise InvalidMessage(f"headers cannot be decoded: {header_error}")
-    returns = broker_returns(d.headers, d.redelivered)
-    try:
-        attempts_before = header_attempts(d.headers)
-    finally:
-        # even with a bad attempts header, the delivery's number is known for the report
-        d.attempt = attempt_number(0, d.redelivered, policy, returns)
-    d.attempt = attempt_number(attempts_before, d.redelivered, policy, returns)
+    # a bad attempts header leaves the delivery's number at 1 for the report; a redelivered
+    # delivery's failures recorded in the dedup store are added on the handler thread
+    d.header_attempts = header_attempts(d.headers)
+    d.attempt = attempt_number(d.header_attempts)
     if d.message_id is None:
         if isinstance(message_id, bytes):
             raise InvalidMessage("message_id property is not UTF-8")

@@ -6,6 +6,7 @@ committed before the consumer's I/O thread settles anything (pure of pika: no ch
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -17,12 +18,14 @@ from opentelemetry import trace
 
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.delivery import Delivery
+from amqp_lab.consuming.handler_contract import call_handler
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
+from amqp_lab.consuming.settlement import Action, attempt_number, classify, decide
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import DedupStoreError, PoisonMessage
-from amqp_lab.message import FIRST_SEEN_HEADER
+from amqp_lab.message import FIRST_SEEN_HEADER, Task
 
 __all__ = ["HandlerRunner"]
 
@@ -37,7 +40,13 @@ class HandlerRunner:
     ``watch`` is told when each handler call starts and ends (``handler_warn_after``);
     ``observer`` how long each store operation took, the handler's own time excluded. A
     delivery with an OpenTelemetry span (``Delivery.span``) runs its handler with that span
-    current, so the handler's spans are its children."""
+    current, so the handler's spans are its children.
+
+    ``count_failures`` (default: the config's retry mode is ``requeue``): before a failed
+    delivery is requeued, its failure count is committed in the store, and a redelivered
+    delivery is numbered from it (:func:`~amqp_lab.consuming.settlement.attempt_number`):
+    what went back without running never uses up a retry. Off for the ordered consumer, whose
+    retries are counted in the worker."""
 
     def __init__(
         self,
@@ -47,8 +56,12 @@ class HandlerRunner:
         store_retry: StoreRetry,
         watch: HandlerWatch | None = None,
         observer: ConsumerObserver = NO_OBSERVER,
+        count_failures: bool | None = None,
     ) -> None:
         self.handler = handler
+        self.count_failures = (
+            config.retry.mode == "requeue" if count_failures is None else count_failures
+        )
         self.store = store
         self.config = config
         self._store = store_retry
@@ -111,30 +124,43 @@ class HandlerRunner:
                 fresh.append(d)
                 continue
             message_id = d.task.message_id
-            if self._call("is_processed", functools.partial(self.store.is_processed, message_id)):
+            returned = self._call(
+                "note_return", functools.partial(self.store.note_return, message_id, d.now)
+            )
+            if returned.processed:
                 d.duplicate = True  # committed already, its ack was lost: not a crash
                 continue
-            count = self._call(
-                "note_redelivery", functools.partial(self.store.note_redelivery, message_id, d.now)
-            )
-            if count > limit:
+            if self.count_failures:
+                d.attempt = attempt_number(d.header_attempts, returned.failures)
+                d.task = dataclasses.replace(d.task, attempt=d.attempt)
+            if returned.redeliveries > limit:
                 d.error = PoisonMessage(
-                    f"delivered {count + 1} times without being settled (max_redeliveries "
-                    f"{limit}): its handler may be killing the worker; not run again"
+                    f"delivered {returned.redeliveries + 1} times without being settled "
+                    f"(max_redeliveries {limit}): its handler may be killing the worker; not "
+                    "run again"
                 )
             else:
                 self._run([d])
         if fresh:
             self._run(fresh)
         for d in batch:
-            if (
-                d.error is not None
-                and d.message_id is not None
-                and not isinstance(d.headers.get(FIRST_SEEN_HEADER), str)
-            ):
-                d.first_seen_at = self._call(
-                    "first_seen", functools.partial(self.store.first_seen, d.message_id, d.now)
-                )
+            if d.error is not None and d.message_id is not None:
+                self._note_failure(d, d.message_id)
+
+    def _note_failure(self, d: Delivery, message_id: str) -> None:
+        """Commit what the store keeps of a failure before it is settled: ``first_seen`` and,
+        with ``count_failures``, the failure count the requeued delivery will be numbered by
+        (forgotten when this failure ends the message's life)."""
+        if self.count_failures:
+            settlement = decide(classify(d.error), d.attempt, self.config.retry)
+            failures = (
+                d.attempt - d.header_attempts if settlement.action is Action.REQUEUE else None
+            )
+            note = functools.partial(self.store.note_failure, message_id, d.now, failures)
+            d.first_seen_at = self._call("note_failure", note)
+        elif not isinstance(d.headers.get(FIRST_SEEN_HEADER), str):
+            first_seen = functools.partial(self.store.first_seen, message_id, d.now)
+            d.first_seen_at = self._call("first_seen", first_seen)
 
     def _run(self, work: list[Delivery]) -> None:
         """Claim + handler for each delivery, in one transaction when batching."""
@@ -142,7 +168,10 @@ class HandlerRunner:
         process_batch = getattr(self.store, "process_batch", None)
         if batched and process_batch is not None:
             pairs = [
-                (d.task.message_id, self._timed(d, functools.partial(self.handler, d.task)))
+                (
+                    d.task.message_id,
+                    self._timed(d, functools.partial(call_handler, self.handler, d.task)),
+                )
                 for d in work
                 if d.task is not None
             ]
@@ -155,7 +184,7 @@ class HandlerRunner:
             return
         for d in work:
             assert d.task is not None and d.message_id is not None
-            work_fn = self._timed(d, functools.partial(self.handler, d.task))
+            work_fn = self._work(d, d.task)
             try:
                 once = functools.partial(self.store.process_once, d.message_id, work_fn)
                 d.duplicate = not self._call("process_once", once)
@@ -163,6 +192,10 @@ class HandlerRunner:
                 raise  # the store failed, not the handler: stop, nothing is acked
             except BaseException as e:  # the handler's error decides the settlement; even a
                 d.error = e  # sys.exit() in a handler is its failure, never the worker's success
+
+    def _work(self, d: Delivery, task: Task) -> Callable[[Any], None]:
+        """``work(db)`` for the store: the handler under its contract, timed and watched."""
+        return self._timed(d, functools.partial(call_handler, self.handler, task))
 
     def _timed(self, d: Delivery, work: Callable[[Any], None]) -> Callable[[Any], None]:
         """``work`` (the handler for ``d``, given the store's db) with the watch told when it

@@ -132,9 +132,7 @@ class Settler:
         successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
         last: Delivery | None = None
         for d in batch:
-            settlement = decide_settlement(
-                classify(d.error), d.attempt, d.redelivered, self.config.retry
-            )
+            settlement = decide_settlement(classify(d.error), d.attempt, self.config.retry)
             self.handled += 1
             if settlement.action is Action.ACK:
                 outcome = "duplicate" if d.duplicate else "processed"
@@ -170,8 +168,8 @@ class Settler:
         kind = RECORD_CLASS.get(settlement.classification, "unknown")
         parent = context_of(d.span)  # the retry copy / DLQ record continue the delivery's trace
         if settlement.action is Action.REQUEUE:
-            # basic.reject, not basic.nack: RabbitMQ 4.3+ quorum queues count only a reject
-            # toward x-delivery-count and the delivery limit (settlement.broker_returns)
+            # basic.reject, not basic.nack: a failure, which RabbitMQ 4.3+ quorum queues count
+            # toward x-delivery-count and the delivery limit (a hand-back is a nack: not)
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=True), d)
             return d.report("requeued", settlement.attempts, classification=kind)
         if settlement.action is Action.RETRY_LATER:

@@ -18,6 +18,7 @@ from amqp_lab.dedup.base import (
     HandlerDb,
     ManagedDedupStore,
     Purged,
+    Returned,
     StoreStats,
     run_in_savepoint,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ManagedDedupStore",
     "PostgresDedupStore",
     "Purged",
+    "Returned",
     "SqliteDedupStore",
     "StoreStats",
     "open_store",

@@ -30,6 +30,7 @@ __all__ = [
     "HandlerDb",
     "ManagedDedupStore",
     "Purged",
+    "Returned",
     "SqlStore",
     "StoreStats",
     "qmark_to_format",
@@ -46,9 +47,12 @@ _TABLES = (
     " message_id TEXT PRIMARY KEY, first_seen_at {real} NOT NULL)",
     "CREATE TABLE IF NOT EXISTS redeliveries ("
     " message_id TEXT PRIMARY KEY, count INTEGER NOT NULL, last_at {real} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS failures ("
+    " message_id TEXT PRIMARY KEY, count INTEGER NOT NULL, last_at {real} NOT NULL)",
     "CREATE INDEX IF NOT EXISTS processed_at_idx ON processed(processed_at)",
     "CREATE INDEX IF NOT EXISTS first_seen_at_idx ON first_seen(first_seen_at)",
     "CREATE INDEX IF NOT EXISTS redeliveries_last_at_idx ON redeliveries(last_at)",
+    "CREATE INDEX IF NOT EXISTS failures_last_at_idx ON failures(last_at)",
 )
 
 
@@ -64,6 +68,18 @@ class Purged:
 
     processed: int
     first_seen: int
+
+
+@dataclass(frozen=True)
+class Returned:
+    """What the store knows of a redelivered message_id (:meth:`DedupStore.note_return`):
+    ``processed`` (its claim is committed: a duplicate, nothing counted), ``redeliveries``
+    (this one included: the poison count) and ``failures`` (recorded by
+    :meth:`DedupStore.note_failure` before it was requeued)."""
+
+    processed: bool
+    redeliveries: int
+    failures: int
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,19 @@ class DedupStore(Protocol):
         """Forget ``message_id``'s redelivery count (after it was dead-lettered as poison)."""
         ...
 
+    def note_return(self, message_id: str, now: float) -> Returned:
+        """For a redelivered delivery, in one transaction: whether ``message_id`` is processed;
+        if not, count one more redelivery (committed before this returns) and read the
+        failures recorded for it. ``now`` in epoch seconds."""
+        ...
+
+    def note_failure(self, message_id: str, now: float, failures: int | None) -> float:
+        """After a failed run, in one transaction: record ``first_seen`` (as
+        :meth:`first_seen`; returned) and set ``message_id``'s failure count to ``failures``
+        (about to be requeued), or forget it (None: its life ends in the DLQ or a retry
+        copy)."""
+        ...
+
     def is_processed(self, message_id: str) -> bool: ...
 
     def close(self) -> None: ...
@@ -120,7 +149,7 @@ class ManagedDedupStore(DedupStore, Protocol):
         ...
 
     def purge(self, older_than: float) -> Purged:
-        """Delete claims, first_seen entries and redelivery counts recorded before
+        """Delete claims, first_seen entries, redelivery and failure counts recorded before
         ``older_than`` (epoch seconds)."""
         ...
 
@@ -309,18 +338,9 @@ class SqlStore:
         """When ``message_id`` was first received (epoch seconds); records ``now`` the first
         time. Raises DedupStoreError (StoreUnavailable when the store cannot be reached)."""
 
-        def work(db: HandlerDb) -> float:
-            db.execute(
-                "INSERT INTO first_seen(message_id, first_seen_at) VALUES (?, ?) "
-                "ON CONFLICT (message_id) DO NOTHING",
-                (message_id, now),
-            )
-            row = db.execute(
-                "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
-            ).fetchone()
-            return float(row[0])
-
-        return self._run(f"record first_seen of {message_id!r} in", work)
+        return self._run(
+            f"record first_seen of {message_id!r} in", lambda db: _first_seen(db, message_id, now)
+        )
 
     def note_redelivery(self, message_id: str, now: float) -> int:
         """Count one more broker redelivery of ``message_id`` (committed before this returns);
@@ -337,15 +357,40 @@ class SqlStore:
             lambda db: db.execute("DELETE FROM redeliveries WHERE message_id = ?", (message_id,)),
         )
 
+    def note_return(self, message_id: str, now: float) -> Returned:
+        """See :class:`DedupStore`. Raises DedupStoreError."""
+
+        def work(db: HandlerDb) -> Returned:
+            if _processed(db, message_id):
+                return Returned(True, 0, 0)
+            count = int(db.execute(NOTE_REDELIVERY, (message_id, now)).fetchone()[0])
+            row = db.execute(
+                "SELECT count FROM failures WHERE message_id = ?", (message_id,)
+            ).fetchone()
+            return Returned(False, count, 0 if row is None else int(row[0]))
+
+        return self._run(f"count a redelivery of {message_id!r} in", work)
+
+    def note_failure(self, message_id: str, now: float, failures: int | None) -> float:
+        """See :class:`DedupStore`. Raises DedupStoreError."""
+
+        def work(db: HandlerDb) -> float:
+            if failures is None:
+                db.execute("DELETE FROM failures WHERE message_id = ?", (message_id,))
+            else:
+                db.execute(
+                    "INSERT INTO failures(message_id, count, last_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (message_id) DO UPDATE SET count = excluded.count, "
+                    "last_at = excluded.last_at",
+                    (message_id, failures, now),
+                )
+            return _first_seen(db, message_id, now)
+
+        return self._run(f"record a failure of {message_id!r} in", work)
+
     def is_processed(self, message_id: str) -> bool:
         """Whether a claim for ``message_id`` is committed. Raises DedupStoreError."""
-        return self._run(
-            "read",
-            lambda db: (
-                db.execute("SELECT 1 FROM processed WHERE message_id = ?", (message_id,)).fetchone()
-                is not None
-            ),
-        )
+        return self._run("read", lambda db: _processed(db, message_id))
 
     def purge(self, older_than: float) -> Purged:
         """DELETE claims, first_seen entries and redelivery counts recorded before
@@ -359,6 +404,7 @@ class SqlStore:
                 "DELETE FROM first_seen WHERE first_seen_at < ?", (older_than,)
             ).rowcount
             db.execute("DELETE FROM redeliveries WHERE last_at < ?", (older_than,))
+            db.execute("DELETE FROM failures WHERE last_at < ?", (older_than,))
             return Purged(int(processed), int(seen))
 
         return self._run("purge", work)
@@ -376,6 +422,23 @@ class SqlStore:
         raised; raises DedupStoreError when the commit fails."""
         with self._transaction("write to") as db:
             return work(db)
+
+
+def _processed(db: HandlerDb, message_id: str) -> bool:
+    row = db.execute("SELECT 1 FROM processed WHERE message_id = ?", (message_id,)).fetchone()
+    return row is not None
+
+
+def _first_seen(db: HandlerDb, message_id: str, now: float) -> float:
+    db.execute(
+        "INSERT INTO first_seen(message_id, first_seen_at) VALUES (?, ?) "
+        "ON CONFLICT (message_id) DO NOTHING",
+        (message_id, now),
+    )
+    row = db.execute(
+        "SELECT first_seen_at FROM first_seen WHERE message_id = ?", (message_id,)
+    ).fetchone()
+    return float(row[0])
 
 
 def claims_held(db: HandlerDb, message_ids: list[str]) -> set[str]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from amqp_lab.errors import error_text
 from amqp_lab.fieldtable import FieldTableError, from_typed, table_from_typed, typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
@@ -153,7 +154,7 @@ def build_record(
     classification (neither a business nor a transient error) carries a bounded traceback."""
     payload, encoding = encode_payload(body)
     original_exchange, original_key = original_destination(headers, exchange, routing_key)
-    error_info: dict[str, Any] = {"type": type(error).__name__, "message": str(error)[:2000]}
+    error_info: dict[str, Any] = {"type": type(error).__name__, "message": error_text(error)}
     if classification == "unknown":
         error_info["traceback"] = bounded_traceback(error)
     record: dict[str, Any] = {
@@ -189,7 +190,7 @@ def fallback_record(
         "message_id": message_id,
         "payload": base64.b64encode(body).decode("ascii"),
         "payload_encoding": "base64",
-        "error": {"type": type(error).__name__, "message": str(error)[:2000]},
+        "error": {"type": type(error).__name__, "message": error_text(error)},
         "record_error": problem[:2000],
         "classification": "unknown",
         "attempts": 0,

@@ -32,6 +32,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from amqp_lab.errors import error_text
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.settings import mask_url
 
@@ -196,7 +197,7 @@ def end_process_span(span: Span, outcome: str, error: BaseException | None) -> N
     try:
         span.set_attribute("amqp_lab.outcome", outcome)
         if error is not None:  # the message masked, as in every log line
-            span.record_exception(error, {"exception.message": mask_url(str(error))})
+            span.record_exception(error, {"exception.message": mask_url(error_text(error))})
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}"))
         span.end()
     except Exception as e:  # an exporter's bug must not reach settlement

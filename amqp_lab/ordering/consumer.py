@@ -55,6 +55,7 @@ from amqp_lab.consuming.dead_letter import (
     dlq_message,
 )
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
@@ -77,7 +78,7 @@ from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import context_from_headers
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
-from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy, full_jitter
+from amqp_lab.retry.policy import RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
 
@@ -179,7 +180,14 @@ class OrderedConsumer:
         self._settled = False
         plain = config.consumer_config()
         self._store = StoreRetry(plain.store_outage)  # the store's outages, retried
-        self._runner = HandlerRunner(handler, store, plain, self._store, observer=observer)
+        self._runner = HandlerRunner(
+            check_handler(handler),
+            store,
+            plain,
+            self._store,
+            observer=observer,
+            count_failures=False,  # retries are the worker's own (held, in memory)
+        )
         self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
         self._parked = (
             ParkedKeys(store, parked_scope(settings.vhost, config.names))
@@ -266,9 +274,7 @@ class OrderedConsumer:
 
     def _arrive(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         """pika callback (this thread, while pumping): decode and queue for the loop."""
-        d = prepare(
-            method, properties, body, self.clock(), REQUEUE_ONCE, self.config.max_body_bytes
-        )
+        d = prepare(method, properties, body, self.clock(), self.config.max_body_bytes)
         self._inbox.append((channel, d))
 
     def _loop(self, connection: Any, channel: Any) -> None:

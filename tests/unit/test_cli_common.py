@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from amqp_lab.cli.common import load_callable, topology_from
+from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.errors import ConfigurationError, TopologyError
 
 pytestmark = pytest.mark.unit
@@ -26,12 +27,12 @@ def test_a_handler_is_found_by_module_and_attribute() -> None:
         (":handle", "expected package.module:function"),
         ("no_such_module_xyz:handle", "cannot import 'no_such_module_xyz'"),
         ("lab.handler:no_such_function", "'lab.handler' has no 'no_such_function'"),
-        ("lab.handler:KINDS", "'lab.handler:KINDS' is not callable"),
+        ("lab.handler:KINDS", "handler lab.handler:KINDS is not callable"),
     ],
 )
 def test_a_bad_handler_spec_is_one_clear_error(spec: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        load_callable(spec)
+        check_handler(load_callable(spec), spec)
 
 
 def test_a_handler_module_in_the_working_directory_is_found(

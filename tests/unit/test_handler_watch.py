@@ -19,7 +19,6 @@ from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.message import Task
-from amqp_lab.retry.policy import REQUEUE_ONCE
 from amqp_lab.topology import load_topology
 
 pytestmark = pytest.mark.unit
@@ -117,7 +116,7 @@ def delivery(message_id: str, tag: int) -> Any:
     props = SimpleNamespace(
         message_id=message_id, headers={}, content_type="application/json", header_error=None
     )
-    return prepare(method, props, json.dumps({"n": tag}).encode(), 0.0, REQUEUE_ONCE, 1 << 20)
+    return prepare(method, props, json.dumps({"n": tag}).encode(), 0.0, 1 << 20)
 
 
 @pytest.mark.parametrize("ack_batch", [1, 2])

@@ -12,7 +12,6 @@ from amqp_lab.consuming.settlement import (
     Outcome,
     Settlement,
     attempt_number,
-    broker_returns,
     classify,
     decide,
 )
@@ -105,181 +104,175 @@ def test_other_exceptions_are_unknown(error: BaseException) -> None:
     assert classify(error) is Outcome.UNKNOWN
 
 
-# --- attempt_number ------------------------------------------------------------------------
+# --- attempt_number: failures only -------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("header_attempts", "redelivered", "attempt"),
-    [(0, False, 1), (0, True, 2), (2, False, 3), (2, True, 4)],
+    ("header_attempts", "failures", "attempt"),
+    [
+        pytest.param(0, 0, 1, id="first-delivery"),
+        pytest.param(0, 1, 2, id="requeued-after-one-failure"),
+        pytest.param(2, 0, 3, id="republished-after-two-failures"),
+        pytest.param(2, 1, 4, id="republished-then-requeued"),
+        pytest.param(-3, -1, 1, id="negative-values-count-as-none"),
+    ],
 )
-def test_attempt_number(header_attempts: int, redelivered: bool, attempt: int) -> None:
-    assert attempt_number(header_attempts, redelivered) == attempt
+def test_attempt_number(header_attempts: int, failures: int, attempt: int) -> None:
+    assert attempt_number(header_attempts, failures) == attempt
+
+
+def test_a_hand_back_is_no_failure_so_the_number_stays() -> None:
+    """A redelivery without a recorded failure (a drain's hand-back, a lost connection) is the
+    same attempt again: the redelivered flag and x-delivery-count are not read at all."""
+    assert attempt_number(0) == attempt_number(0, 0) == 1
 
 
 # --- decide: one test per cell of the module docstring's table --------------------------------
 @pytest.mark.parametrize(
-    ("outcome", "attempt", "redelivered", "expected"),
+    ("outcome", "attempt", "expected"),
     [
         pytest.param(
             Outcome.SUCCESS,
             1,
-            False,
             Settlement(Action.ACK, 1, Outcome.SUCCESS),
-            id="success-first-delivery-ack",
+            id="success-attempt-1-ack",
         ),
         pytest.param(
             Outcome.SUCCESS,
             2,
-            True,
             Settlement(Action.ACK, 2, Outcome.SUCCESS),
-            id="success-redelivered-ack",
+            id="success-attempt-2-ack",
         ),
         pytest.param(
             Outcome.BUSINESS,
             1,
-            False,
             Settlement(Action.DEAD_LETTER, 1, Outcome.BUSINESS),
-            id="business-first-delivery-dead-letter-attempts-1",
+            id="business-attempt-1-dead-letter-attempts-1",
         ),
         pytest.param(
             Outcome.BUSINESS,
             2,
-            True,
             Settlement(Action.DEAD_LETTER, 2, Outcome.BUSINESS),
-            id="business-redelivered-dead-letter-attempts-2",
+            id="business-attempt-2-dead-letter-attempts-2",
         ),
         pytest.param(
             Outcome.TRANSIENT,
             1,
-            False,
             Settlement(Action.REQUEUE, 1, Outcome.TRANSIENT),
-            id="transient-first-delivery-requeue",
+            id="transient-attempt-1-requeue",
         ),
         pytest.param(
             Outcome.TRANSIENT,
             2,
-            True,
             Settlement(Action.DEAD_LETTER, 2, Outcome.TRANSIENT),
-            id="transient-redelivered-dead-letter-attempts-2",
+            id="transient-attempt-2-dead-letter-attempts-2",
         ),
         pytest.param(
             Outcome.UNKNOWN,
             1,
-            False,
             Settlement(Action.REQUEUE, 1, Outcome.UNKNOWN),
-            id="unknown-first-delivery-requeue",
+            id="unknown-attempt-1-requeue",
         ),
         pytest.param(
             Outcome.UNKNOWN,
             2,
-            True,
             Settlement(Action.DEAD_LETTER, 2, Outcome.UNKNOWN),
-            id="unknown-redelivered-dead-letter-attempts-2",
+            id="unknown-attempt-2-dead-letter-attempts-2",
         ),
         pytest.param(
             Outcome.POISON,
             2,
-            True,
             Settlement(Action.DEAD_LETTER, 2, Outcome.POISON),
-            id="poison-redelivered-dead-letter-without-handler",
+            id="poison-attempt-2-dead-letter-without-handler",
         ),
     ],
 )
-def test_decide_table(
-    outcome: Outcome, attempt: int, redelivered: bool, expected: Settlement
-) -> None:
-    assert decide(outcome, attempt, redelivered) == expected
+def test_decide_table(outcome: Outcome, attempt: int, expected: Settlement) -> None:
+    assert decide(outcome, attempt) == expected
 
 
 @pytest.mark.parametrize(
-    ("error", "header_attempts", "redelivered", "expected"),
+    ("error", "header_attempts", "failures", "expected"),
     [
-        pytest.param(
-            None, 0, False, Settlement(Action.ACK, 1, Outcome.SUCCESS), id="fresh-success"
-        ),
+        pytest.param(None, 0, 0, Settlement(Action.ACK, 1, Outcome.SUCCESS), id="fresh-success"),
         pytest.param(
             _httpx_error(503),
             0,
-            False,
+            0,
             Settlement(Action.REQUEUE, 1, Outcome.TRANSIENT),
             id="fresh-503-requeued",
         ),
         pytest.param(
             _httpx_error(503),
             0,
-            True,
+            1,
             Settlement(Action.DEAD_LETTER, 2, Outcome.TRANSIENT),
-            id="redelivered-503-dead-lettered",
+            id="after-one-failure-503-dead-lettered",
         ),
         pytest.param(
             BusinessError("no such customer"),
             1,
-            False,
+            0,
             Settlement(Action.DEAD_LETTER, 2, Outcome.BUSINESS),
             id="republished-business-error",
         ),
         pytest.param(
             RuntimeError("bug"),
             0,
-            True,
+            1,
             Settlement(Action.DEAD_LETTER, 2, Outcome.UNKNOWN),
-            id="redelivered-bug-dead-lettered",
+            id="after-one-failure-bug-dead-lettered",
         ),
         pytest.param(
             PoisonMessage("delivered 5 times"),
             0,
-            True,
+            1,
             Settlement(Action.DEAD_LETTER, 2, Outcome.POISON),
-            id="redelivered-poison-dead-lettered",
+            id="after-one-failure-poison-dead-lettered",
         ),
     ],
 )
 def test_classify_then_decide(
-    error: BaseException | None, header_attempts: int, redelivered: bool, expected: Settlement
+    error: BaseException | None, header_attempts: int, failures: int, expected: Settlement
 ) -> None:
-    attempt = attempt_number(header_attempts, redelivered)
-    assert decide(classify(error), attempt, redelivered) == expected
+    attempt = attempt_number(header_attempts, failures)
+    assert decide(classify(error), attempt) == expected
 
 
 def test_poison_is_dead_lettered_in_backoff_mode_too() -> None:
     policy = RetryPolicy("backoff", max_attempts=5)
-    assert decide(Outcome.POISON, 1, True, policy) == Settlement(
-        Action.DEAD_LETTER, 1, Outcome.POISON
-    )
-
-
-# --- broker_returns: x-delivery-count of quorum queues ------------------------------------------
-@pytest.mark.parametrize(
-    ("headers", "redelivered", "returns"),
-    [
-        pytest.param({}, False, 0, id="first-delivery"),
-        pytest.param({}, True, 1, id="classic-redelivery-flag-only"),
-        pytest.param({"x-delivery-count": 1}, True, 1, id="quorum-once"),
-        pytest.param({"x-delivery-count": 4}, True, 4, id="quorum-four-returns"),
-        pytest.param({"x-delivery-count": 7}, False, 0, id="publisher-set-on-first-delivery"),
-        pytest.param({"x-delivery-count": "3"}, True, 1, id="string-is-not-a-count"),
-        pytest.param({"x-delivery-count": True}, True, 1, id="bool-is-not-a-count"),
-        pytest.param({"x-delivery-count": -2}, True, 1, id="negative"),
-        pytest.param({"x-delivery-count": 0}, True, 1, id="zero-yet-redelivered"),
-    ],
-)
-def test_broker_returns(headers: dict[str, object], redelivered: bool, returns: int) -> None:
-    assert broker_returns(headers, redelivered) == returns
+    assert decide(Outcome.POISON, 1, policy) == Settlement(Action.DEAD_LETTER, 1, Outcome.POISON)
 
 
 @pytest.mark.parametrize(
-    ("header_attempts", "redelivered", "returns", "attempt"),
-    [
-        (0, True, 3, 4),  # three counted returns: this is the fourth delivery
-        (0, True, 0, 2),  # redelivered always means at least one return
-        (2, True, 2, 5),
-        (0, False, 0, 1),
-    ],
+    ("attempt", "action"),
+    [(1, Action.RETRY_LATER), (4, Action.RETRY_LATER), (5, Action.DEAD_LETTER)],
 )
-def test_attempt_number_counts_quorum_returns_in_requeue_mode(
-    header_attempts: int, redelivered: bool, returns: int, attempt: int
-) -> None:
-    assert attempt_number(header_attempts, redelivered, REQUEUE_ONCE, returns) == attempt
-
-
-def test_attempt_number_ignores_broker_returns_in_backoff_mode() -> None:
+def test_backoff_retries_until_max_attempts(attempt: int, action: Action) -> None:
     policy = RetryPolicy("backoff", max_attempts=5)
-    assert attempt_number(2, True, policy, 4) == 3
+    assert decide(Outcome.TRANSIENT, attempt, policy).action is action
+
+
+@pytest.mark.parametrize(
+    ("attempt", "action"), [(1, Action.REQUEUE), (2, Action.REQUEUE), (3, Action.DEAD_LETTER)]
+)
+def test_requeue_mode_honours_max_attempts(attempt: int, action: Action) -> None:
+    policy = RetryPolicy("requeue", max_attempts=3)
+    assert decide(Outcome.UNKNOWN, attempt, policy).action is action
+
+
+class HostileError(Exception):
+    """An exception whose attributes raise when read."""
+
+    @property
+    def status_code(self) -> int:
+        raise RuntimeError("boom")
+
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def test_classify_never_raises_on_a_hostile_exception() -> None:
+    assert classify(HostileError()) is Outcome.UNKNOWN
+
+
+def test_a_bool_status_code_is_not_an_http_status() -> None:
+    assert classify(StatusError(True)) is Outcome.UNKNOWN  # type: ignore[arg-type]
