@@ -35,6 +35,7 @@ __all__ = [
     "PublishError",
     "PublishFailed",
     "QueueNotFound",
+    "RecordTooLarge",
     "RetryTopologyError",
     "StoreUnavailable",
     "TopologyError",
@@ -171,6 +172,16 @@ class RetryTopologyError(TopologyError):
 # --- consumer / DLQ -------------------------------------------------------------------------------
 class DeadLetterFailed(AmqpLabError):
     """A DLQ record could not be published with a confirm; the original delivery was not acked."""
+
+
+class RecordTooLarge(DeadLetterFailed):
+    """A DLQ record or retry copy the broker cannot take for its size: a body over the
+    broker's ``max_message_size`` (``limit``, bytes, when the broker named it), or headers
+    that fill one frame. Retrying the same write cannot help."""
+
+    def __init__(self, message: str, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class DedupStoreError(AmqpLabError):

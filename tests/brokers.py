@@ -21,7 +21,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,32 @@ class TestBroker:
         """Run ``rabbitmqctl ARGS`` against the test broker's node; return its output."""
         assert self.ctl_fn is not None
         return self.ctl_fn(*args)
+
+    @contextmanager
+    def max_message_size(self, size: int) -> Iterator[None]:
+        """Set the broker's ``max_message_size`` to ``size`` bytes for the ``with`` block, then
+        restore it. 3.x reads it from the application environment for each new channel; 4.x
+        caches it in a persistent_term (checked on 4.0.5), so both are set and restored. Skips
+        the test for a broker the tests cannot configure (EAI_AMQP_URL)."""
+        if self.ctl_fn is None:
+            pytest.skip("the broker came from EAI_AMQP_URL: the tests cannot change its settings")
+        env = self.ctl("eval", "application:get_env(rabbit, max_message_size).").strip()
+        cached = self.ctl("eval", "persistent_term:get(max_message_size, undefined).").strip()
+        self.ctl(
+            "eval",
+            f"application:set_env(rabbit, max_message_size, {size}), "
+            f"persistent_term:put(max_message_size, {size}).",
+        )
+        try:
+            yield
+        finally:
+            restore = "application:unset_env(rabbit, max_message_size)"
+            if env.startswith("{ok,"):
+                restore = f"application:set_env(rabbit, max_message_size, {env[4:-1]})"
+            restore += ", persistent_term:erase(max_message_size)"
+            if cached != "undefined":
+                restore += f", persistent_term:put(max_message_size, {cached})"
+            self.ctl("eval", restore + ".")
 
     def plugins_enable(self, *plugins: str) -> bool:
         """``rabbitmq-plugins enable PLUGINS`` on the test broker's node (online: the running

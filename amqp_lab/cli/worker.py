@@ -247,7 +247,8 @@ def main(
     parser.add_argument(
         "--no-verify-topology",
         action="store_true",
-        help="do not check (management API) that wait queues and DLX can bring messages back",
+        help="do not check (management API, at every connection) that the wait queues and DLX "
+        "can bring messages back and that the DLQ keeps every record it confirmed",
     )
     args = parser.parse_args(argv)
     topology = topology_from(args)
@@ -367,6 +368,7 @@ def main(
             max_messages=args.max_messages,
             max_redeliveries=args.max_redeliveries,
             store_outage=args.store_outage,
+            verify_topology=not args.no_verify_topology,
         )
         consumer = OrderedConsumer(
             settings, handler, store, ordered, on_report=report, observer=metrics

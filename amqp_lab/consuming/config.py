@@ -48,6 +48,9 @@ class ConsumerConfig:
     * ``store_outage``: how long the dedup store may stay unavailable (deliveries retried,
       nothing acked) before the consumer stops;
     * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
+    * ``max_message_size``: the broker's limit in bytes (its ``max_message_size``), None while
+      unknown: a DLQ record over it is sent in its raw form (the body as it is); the broker's
+      refusal of a larger one teaches it (docs/dlq-record.md);
     * ``verify_topology``: check the effective policies retries depend on at every connection
       (management API; backoff and reject modes);
     * ``handler_warn_after``: seconds a handler may run before the consumer logs a warning
@@ -79,6 +82,7 @@ class ConsumerConfig:
     verify_topology: bool = True
     concurrency: int = 1
     handler_warn_after: float | None = None
+    max_message_size: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.ack_batch <= self.prefetch:
@@ -124,8 +128,9 @@ class ConsumerConfig:
         """The work queue consumed (``names.queue``)."""
         return self.names.queue
 
-    def retry_expectations(self, vhost: str) -> RetryExpectations | None:
-        """What the live topology must provide for this config (None: nothing to check)."""
+    def retry_expectations(self, vhost: str) -> RetryExpectations:
+        """What the live topology must provide for this config: the retry path its retry mode
+        uses, the work queue's DLX in reject mode, and a DLQ that keeps every record."""
         names = self.names
         waits = (
             tuple(names.wait_queue(n) for n in range(1, self.retry.max_attempts))
@@ -133,6 +138,6 @@ class ConsumerConfig:
             else ()
         )
         dlx = names.dead_letter_exchange if self.dead_letter == "reject" else None
-        if not waits and dlx is None:
-            return None
-        return RetryExpectations(vhost, names.queue, waits, names.retry_exchange or "", dlx)
+        return RetryExpectations(
+            vhost, names.queue, waits, names.retry_exchange or "", dlx, names.dlq
+        )

@@ -44,6 +44,7 @@ from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_e
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
+from amqp_lab.consuming.topology_guard import TopologyGuard
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import (
     BrokerConnectionError,
@@ -51,16 +52,12 @@ from amqp_lab.errors import (
     ConsumerCancelled,
     DeadLetterFailed,
     DedupStoreError,
-    ManagementError,
     QueueNotFound,
-    RetryTopologyError,
 )
-from amqp_lab.management import ManagementClient
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology.retry_check import check_retry_topology
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
@@ -103,7 +100,6 @@ class Consumer:
         self._stop = threading.Event()
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
-        self._verified = False
         self._executor = ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix="handler"
         )
@@ -112,13 +108,18 @@ class Consumer:
         self._cancelled_by_broker = False  # basic.cancel read on the current channel
         self._queue_after_cancel: bool | None = None  # did the queue outlive that cancel?
         self._channel_closed: BaseException | None = None  # why the broker closed it
-        self._writer = ConfirmedWriter(settings, self.config.dead_letter_attempts, uniform)
+        self._writer = ConfirmedWriter(
+            settings, config.dead_letter_attempts, uniform, config.max_message_size
+        )
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
             self.handler, store, config, StoreRetry(config.store_outage), self.watch, observer
         )
         self._settler = Settler(config, store, self._writer, clock, uniform, observer)
         self._blocked = BlockedTime(observer.blocked)
+        self._guard = TopologyGuard(
+            settings, config.retry_expectations(settings.vhost), config.verify_topology
+        )
 
     @property
     def handled(self) -> int:
@@ -168,12 +169,7 @@ class Consumer:
                         "%s; reconnecting in %.1f s (%d/%d)", e, wait, budget.failures, budget.limit
                     )
                     self._stop.wait(wait)
-            parked = self._settler.parked_tags
-            if parked:  # on the last connection: the DLQ never took them
-                raise DeadLetterFailed(
-                    f"{len(parked)} deliveries could not be dead-lettered and went back "
-                    f"to queue {self.config.queue!r}: {list(parked.values())[-1]}"
-                )
+            self._end_with_parked()
             return self.handled
         finally:
             self.state = State.STOPPED
@@ -181,6 +177,26 @@ class Consumer:
             close_quietly(self._connection)
             self._blocked.closed()
             self.observer.unacked(0)
+
+    def _end_with_parked(self) -> None:
+        """At the end of a run: raise DeadLetterFailed for deliveries parked because the DLQ
+        took nothing (the worker must not look healthy); deliveries whose record fits no form
+        (RecordTooLarge) are this outcome already - left in the queue, reported, logged."""
+        settler = self._settler
+        stuck = {t: why for t, why in settler.parked_tags.items() if t not in settler.too_large}
+        if stuck:  # on the last connection: the DLQ never took them
+            raise DeadLetterFailed(
+                f"{len(stuck)} deliveries could not be dead-lettered and went back "
+                f"to queue {self.config.queue!r}: {list(stuck.values())[-1]}"
+            )
+        if settler.too_large:
+            log.warning(
+                "%d deliveries too large for any DLQ record went back to queue %r (raise the "
+                "broker's max_message_size, or move them): %s",
+                len(settler.too_large),
+                self.config.queue,
+                settler.parked_tags[next(iter(settler.too_large))],
+            )
 
     # --- one connection ---------------------------------------------------------------------
     def _session(self) -> None:
@@ -204,7 +220,7 @@ class Consumer:
             self._writer.open(connection)
             if not self._await_queue(connection):
                 return  # a stop was asked for while waiting: nothing was in flight
-            self._verify_topology()
+            self._guard.check()
             # a batch waits at most ack_interval for more deliveries; with concurrent handlers
             # a finished one is settled within 50 ms even when no delivery arrives
             if self.config.ack_batch > 1:
@@ -468,29 +484,6 @@ class Consumer:
             return bool(e.reply_code != 404)
         probe.close()
         return True
-
-    def _verify_topology(self) -> None:
-        """Refuse to consume when the live policies cannot bring a retry back (every
-        connection; after the first success a management API outage is only a warning)."""
-        expect = self.config.retry_expectations(self.settings.vhost)
-        if not self.config.verify_topology or expect is None:
-            return
-        try:
-            with ManagementClient(self.settings) as api:
-                found = check_retry_topology(api, expect)
-        except ManagementError as e:
-            if self._verified:
-                log.warning("cannot re-check the retry topology: %s", e)
-                return
-            raise RetryTopologyError(
-                f"cannot check the retry topology of vhost {self.settings.vhost!r} ({e}); "
-                "verify_topology=False (worker.py --no-verify-topology) runs without the check"
-            ) from e
-        if found:
-            raise RetryTopologyError(
-                f"refusing to consume {self.config.queue!r}: " + "; ".join(found)
-            )
-        self._verified = True
 
     def _batch_size(self) -> int:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""

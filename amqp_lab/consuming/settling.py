@@ -30,7 +30,7 @@ from amqp_lab.consuming.settlement import Action, Settlement, classify
 from amqp_lab.consuming.settlement import decide as decide_settlement
 from amqp_lab.dedup import DedupStore
 from amqp_lab.dlq.record import utc_iso
-from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage
+from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage, RecordTooLarge
 from amqp_lab.message import FIRST_SEEN_HEADER
 from amqp_lab.observability.tracing import context_of, end_process_span
 from amqp_lab.retry.broker_held import retry_copy, retry_wait
@@ -89,6 +89,7 @@ class Settler:
         self.parked = 0
         self.settled = False  # this connection settled a delivery
         self.parked_tags: dict[int, str] = {}  # delivery tag -> why, on the current channel
+        self.too_large: set[int] = set()  # of those, the tags whose record fits no form
         self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
         self._stuck: DeadLetterFailed | None = None  # raised once the parked one is reported
 
@@ -98,6 +99,7 @@ class Settler:
         self._multiple_ok = True
         self._stuck = None
         self.parked_tags.clear()
+        self.too_large.clear()
 
     def settle_batch(
         self,
@@ -199,7 +201,8 @@ class Settler:
         if self.config.dead_letter == "reject":
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
             return d.report("dead-lettered", settlement.attempts, classification=kind)
-        message = dlq_message(
+        build = functools.partial(
+            dlq_message,
             d,
             settlement,
             first_seen_at=first_seen_at,
@@ -208,10 +211,14 @@ class Settler:
             failed_at=self.clock(),
         )
         try:
-            self._writer.write(
-                connection, channel, message, f"DLQ record for message_id={d.message_id}", parent
+            self._writer.write_record(
+                connection,
+                channel,
+                lambda limit: build(max_message_size=limit),
+                f"DLQ record for message_id={d.message_id}",
+                parent,
             )
-        except DeadLetterFailed as e:
+        except DeadLetterFailed as e:  # RecordTooLarge too: the message stays where it is
             self._park(d, e)
             return d.report("parked", settlement.attempts, classification=kind)
         self.settle(channel, lambda: channel.basic_ack(tag), d)
@@ -234,6 +241,8 @@ class Settler:
         again). A channel full of parked deliveries can make no progress: stop then."""
         self.parked += 1
         self.parked_tags[d.delivery_tag] = str(error)
+        if isinstance(error, RecordTooLarge):
+            self.too_large.add(d.delivery_tag)
         self._multiple_ok = False
         log.warning("message_id=%s parked (left unacked): %s", d.message_id, error)
         if len(self.parked_tags) >= self.config.prefetch:

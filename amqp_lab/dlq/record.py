@@ -78,24 +78,44 @@ def utc_iso(ts: float) -> str:
 
 
 def encode_payload(body: bytes) -> tuple[Any, str]:
-    """(payload, encoding), lossless: the parsed JSON value ("json") only when re-encoding it
-    gives back exactly ``body`` and it nests at most ``MAX_PAYLOAD_DEPTH`` levels, else the
-    UTF-8 text ("text"), else base64. Never raises."""
+    """(payload, encoding), lossless and small: the parsed JSON value ("json") only when
+    re-encoding it gives back exactly ``body`` and it nests at most ``MAX_PAYLOAD_DEPTH``
+    levels, else the UTF-8 text ("text"), else base64 - and base64 whenever the other would
+    take more than three times the body's size in the record (an ASCII JSON string escapes a
+    non-ASCII character of two to four UTF-8 bytes into six or twelve - at most three times -
+    but a control character of one byte into six; base64 takes 4/3), so a payload never takes
+    more than three times the body plus 2 bytes, and a body of control characters (``\x00``
+    * n, once six times its size) goes as base64. Never raises."""
+    limit = 3 * len(body) + 2
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        return base64.b64encode(body).decode("ascii"), "base64"
+        return _base64(body)
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):  # "[" * 5000 exhausts the recursion limit
-        return text, "text"
-    if json_depth(value) > MAX_PAYLOAD_DEPTH:
-        return text, "text"
+        return (text, "text") if _record_size(text) <= limit else _base64(body)
+    candidate: tuple[Any, str] = (text, "text")
+    if json_depth(value) <= MAX_PAYLOAD_DEPTH:
+        try:
+            if encode_json(value) == body:
+                candidate = (value, "json")
+        except (ValueError, TypeError, RecursionError):
+            pass
+    return candidate if _record_size(candidate[0]) <= limit else _base64(body)
+
+
+def _base64(body: bytes) -> tuple[str, str]:
+    return base64.b64encode(body).decode("ascii"), "base64"
+
+
+def _record_size(payload: Any) -> int:
+    """Bytes ``payload`` takes in a record (compact ASCII JSON); a huge size when it cannot
+    be encoded at all (a NaN, a lone surrogate, a depth past the recursion limit)."""
     try:
-        exact = encode_json(value) == body
+        return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False))
     except (ValueError, TypeError, RecursionError):
-        exact = False
-    return (value, "json") if exact else (text, "text")
+        return 1 << 62
 
 
 def json_depth(value: Any) -> int:
@@ -262,8 +282,19 @@ class DlqEntry:
 
 
 def view_of(body: bytes, properties: Any) -> DlqEntry:
-    """Read a DLQ message (a record, or a raw message with x-death) into a :class:`DlqEntry`.
-    ``properties``: the delivery's basic properties (attributes as pika's BasicProperties)."""
+    """Read a DLQ message (a record - JSON or raw form - or a raw message with x-death) into a
+    :class:`DlqEntry`. ``properties``: the delivery's basic properties (attributes as pika's
+    BasicProperties)."""
+    headers = getattr(properties, "headers", None)
+    if getattr(properties, "type", None) == RECORD_TYPE and isinstance(headers, dict):
+        from amqp_lab.dlq.raw_record import RAW_RECORD_HEADER, raw_record_parts
+
+        if RAW_RECORD_HEADER in headers:
+            try:
+                meta, payload, encoding = raw_record_parts(body, headers)
+                return _view_of_record(meta | {"payload": payload, "payload_encoding": encoding})
+            except (ValueError, KeyError, TypeError, AttributeError, FieldTableError):
+                pass  # a damaged record is shown raw below rather than hidden
     if getattr(properties, "type", None) == RECORD_TYPE:
         try:
             return _view_of_record(json.loads(body))

@@ -62,6 +62,7 @@ from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action as SettleAction
 from amqp_lab.consuming.settlement import Outcome, Settlement, classify
 from amqp_lab.consuming.store_retry import StoreRetry
+from amqp_lab.consuming.topology_guard import TopologyGuard
 from amqp_lab.dedup import DedupStore
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import (
@@ -73,7 +74,7 @@ from amqp_lab.errors import (
     KeyParked,
     PoisonMessage,
 )
-from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER
+from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import context_from_headers
 from amqp_lab.ordering.holds import KeyLines
@@ -81,6 +82,7 @@ from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.retry.policy import RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
+from amqp_lab.topology.retry_check import RetryExpectations
 
 __all__ = ["OrderedConfig", "OrderedConsumer", "key_of", "parked_scope"]
 
@@ -97,8 +99,9 @@ class OrderedConfig:
     its mode is ignored); ``after_dead_letter``: ``continue`` or ``park`` (module docstring);
     ``idle_exit`` seconds without a delivery and nothing held before :meth:`run` returns;
     ``max_messages``: return after that many settled; the other bounds as in
-    :class:`~amqp_lab.consuming.ConsumerConfig`. Raises ConfigurationError for a topology
-    without shards or bounds below 1."""
+    :class:`~amqp_lab.consuming.ConsumerConfig`, ``verify_topology`` checking the DLQ's
+    policies at every connection. Raises ConfigurationError for a topology without shards or
+    bounds below 1."""
 
     names: Names
     prefetch: int = 50
@@ -111,6 +114,8 @@ class OrderedConfig:
     dead_letter_attempts: int = 3
     reconnect_attempts: int = 10
     store_outage: float = 60.0
+    max_message_size: int | None = None
+    verify_topology: bool = True
 
     def __post_init__(self) -> None:
         if not self.names.shards:
@@ -132,6 +137,7 @@ class OrderedConfig:
             dead_letter_attempts=self.dead_letter_attempts,
             store_outage=self.store_outage,
             verify_topology=False,
+            max_message_size=self.max_message_size,
         )
 
 
@@ -188,7 +194,15 @@ class OrderedConsumer:
             observer=observer,
             count_failures=False,  # retries are the worker's own (held, in memory)
         )
-        self._writer = ConfirmedWriter(settings, config.dead_letter_attempts, uniform)
+        self._writer = ConfirmedWriter(
+            settings, config.dead_letter_attempts, uniform, config.max_message_size
+        )
+        names = config.names
+        self._guard = TopologyGuard(
+            settings,
+            RetryExpectations(settings.vhost, names.shard_queues[0], (), "", None, names.dlq),
+            config.verify_topology,
+        )
         self._parked = (
             ParkedKeys(store, parked_scope(settings.vhost, config.names))
             if config.after_dead_letter == "park"
@@ -257,6 +271,7 @@ class OrderedConsumer:
             channel.basic_qos(prefetch_count=self.config.prefetch)
             channel.add_on_cancel_callback(lambda _frame: self._note_cancel())
             self._writer.open(connection)
+            self._guard.check()
             self._consumers = {
                 channel.basic_consume(shard, self._arrive, auto_ack=False): shard
                 for shard in self.config.names.shard_queues
@@ -416,19 +431,24 @@ class OrderedConsumer:
             first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
         )
         settlement = Settlement(SettleAction.DEAD_LETTER, attempts, outcome)
-        message = dlq_message(
-            d,
-            settlement,
-            first_seen_at=first_seen_at,
-            queue=self._queue_of(d),
-            dlx=self.config.names.dead_letter_exchange,
-            failed_at=self.clock(),
-        )
+        failed_at = self.clock()
+
+        def build(limit: int | None) -> OutgoingMessage:
+            return dlq_message(
+                d,
+                settlement,
+                first_seen_at=first_seen_at,
+                queue=self._queue_of(d),
+                dlx=self.config.names.dead_letter_exchange,
+                failed_at=failed_at,
+                max_message_size=limit,
+            )
+
         try:
-            self._writer.write(
+            self._writer.write_record(
                 connection,
                 channel,
-                message,
+                build,
                 f"DLQ record for message_id={d.message_id}",
                 context_from_headers(d.headers),  # the dead-letter joins the message's trace
             )

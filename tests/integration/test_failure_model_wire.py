@@ -115,30 +115,11 @@ def test_a_channel_close_goes_to_the_message_that_caused_it(
 ) -> None:
     """A message over the broker's max_message_size closes the channel with 406 naming its
     size: that message fails; the others in flight are republished once (same message_id)."""
-    if broker.ctl_fn is None:
-        pytest.skip("the broker came from EAI_AMQP_URL: the tests cannot change its settings")
-    # 3.x reads max_message_size from the application environment for each new channel; 4.x
-    # caches it in a persistent_term (checked on 4.0.5), so both are set and restored
-    env = broker.ctl("eval", "application:get_env(rabbit, max_message_size).").strip()
-    cached = broker.ctl("eval", "persistent_term:get(max_message_size, undefined).").strip()
-    broker.ctl(
-        "eval",
-        "application:set_env(rabbit, max_message_size, 4096), "
-        "persistent_term:put(max_message_size, 4096).",
-    )
-    try:
+    with broker.max_message_size(4096):
         messages = [task_message("ok", i, f"m-{i}") for i in range(30)]
         messages[12] = lab_message(body=b"x" * 6000, message_id="m-big")
         with PipelinedPublisher(topology, window=100) as publisher:
             batch = publisher.publish_many(messages).wait()
-    finally:
-        restore = "application:unset_env(rabbit, max_message_size)"
-        if env.startswith("{ok,"):
-            restore = f"application:set_env(rabbit, max_message_size, {env[4:-1]})"
-        restore += ", persistent_term:erase(max_message_size)"
-        if cached != "undefined":
-            restore += f", persistent_term:put(max_message_size, {cached})"
-        broker.ctl("eval", restore + ".")
     ((failed, error),) = batch.failures
     assert failed.message_id == "m-big"
     assert isinstance(error, PreconditionFailed) and "message size 6000" in str(error)

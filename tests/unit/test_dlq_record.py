@@ -3,6 +3,7 @@ messages, rebuild replays that keep every header, property and body byte."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from datetime import UTC, datetime
@@ -277,8 +278,27 @@ def test_json_payload_round_trips(value: Any) -> None:
 def test_text_payload_round_trips(text: str) -> None:
     body = text.encode("utf-8")
     payload, encoding = encode_payload(body)
-    assert (payload, encoding) == (text, "text")
+    # readable text unless its JSON escapes would take more than three times its size
+    assert (payload, encoding) in ((text, "text"), (base64.b64encode(body).decode(), "base64"))
     assert decode_payload(payload, encoding) == body
+    assert encoding == "base64" or len(json.dumps(payload)) <= 3 * len(body) + 2
+
+
+@settings(database=None)
+@given(body=st.binary(max_size=2000))
+def test_a_payload_takes_at_most_three_times_its_body_in_a_strict_json_record(
+    body: bytes,
+) -> None:
+    """The size bound of the issue: raw or base64 bytes, never unbounded JSON escapes (a body
+    of zeros once grew six times)."""
+    payload, encoding = encode_payload(body)
+    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=True, allow_nan=False))
+    assert size <= 3 * len(body) + 4
+    assert decode_payload(payload, encoding) == body
+
+
+def test_a_body_of_control_characters_goes_as_base64() -> None:
+    assert encode_payload(b"\x00" * 1000) == (base64.b64encode(b"\x00" * 1000).decode(), "base64")
 
 
 @settings(database=None)

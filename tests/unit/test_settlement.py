@@ -16,7 +16,7 @@ from amqp_lab.consuming.settlement import (
     decide,
 )
 from amqp_lab.errors import BusinessError, InvalidMessage, PoisonMessage, TransientError
-from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
+from amqp_lab.retry.policy import RetryPolicy
 
 pytestmark = pytest.mark.unit
 
