@@ -49,17 +49,29 @@ def hand_back(channel: Any, delivery_tag: int) -> None:
 
 def cancel_handing_back(channel: Any) -> None:
     """basic.cancel the consumer of pika's consume generator, handing back (:func:`hand_back`)
-    the deliveries pika received but the consumer never took. pika's ``cancel()`` alone gives
-    them back with basic.reject, which a RabbitMQ 4.3+ quorum queue counts as a failed
-    delivery: every drain would bring up to ``prefetch`` innocent messages closer to the
-    delivery limit. Deliveries that arrive after the basic.cancel are still rejected by pika
-    (nothing on the client can take them back otherwise)."""
+    every delivery the consumer never took: those pika holds, and those that arrive between
+    the basic.cancel and its cancel-ok. pika's ``cancel()`` alone gives both back with
+    basic.reject, which a RabbitMQ 4.3+ quorum queue counts as a failed delivery: every drain
+    would bring up to ``prefetch`` innocent messages closer to the delivery limit. So the
+    underlying channel's basic.reject is a basic.nack(requeue) for the length of the cancel."""
     generator = getattr(channel, "_queue_consumer_generator", None)
     events = getattr(generator, "pending_events", None)
     if events is not None:  # pika 1.x keeps them in a deque; else pika's cancel() does it
         for _ in range(channel.get_waiting_message_count()):
             hand_back(channel, events.popleft().method.delivery_tag)
-    channel.cancel()
+    impl = getattr(channel, "_impl", None)
+    if impl is None or not hasattr(impl, "basic_nack"):
+        channel.cancel()
+        return
+
+    def nack_instead(delivery_tag: int, requeue: bool = True) -> None:
+        impl.basic_nack(delivery_tag, multiple=False, requeue=requeue)
+
+    impl.basic_reject = nack_instead  # an instance attribute over the method, removed below
+    try:
+        channel.cancel()
+    finally:
+        del impl.basic_reject
 
 
 class Settler:
