@@ -193,7 +193,7 @@ def test_vhost_deleted_mid_run_exits_1_with_one_line(
 def _limited_user(broker: TestBroker, settings: BrokerSettings) -> tuple[str, str, BrokerSettings]:
     user, password = f"w-{uuid.uuid4().hex[:8]}", "w-S3cret-7"
     with broker.admin() as api:
-        api.create_user(user, password)
+        api.create_user(user, password, tags="management")  # the worker reads its DLQ's policy
         api.set_permissions(settings.vhost, user)
     url = settings.amqp_url.replace(f"{broker.username}:{broker.password}@", f"{user}:{password}@")
     return user, password, BrokerSettings(url, settings.management_url)
