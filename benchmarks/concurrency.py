@@ -127,7 +127,9 @@ def worker(settings: BrokerSettings, args: argparse.Namespace) -> int:
         settings,
         lambda task, db: slow_handler(args.handler_seconds, args.worker_id, task, db),
         store,
-        ConsumerConfig(NAMES, prefetch=args.prefetch, concurrency=args.concurrency),
+        ConsumerConfig(
+            NAMES, prefetch=args.prefetch, concurrency=args.concurrency, verify_topology=False
+        ),
         on_report=report,
     )
     go = threading.Event()

@@ -43,6 +43,7 @@ __all__ = [
     "end_process_span",
     "inject",
     "publish_span",
+    "recording",
     "replay_span",
     "start_process_span",
     "trace_id_of",
@@ -68,6 +69,17 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     lets a test, or an application with several pipelines, choose per library."""
     global _provider
     _provider = provider
+
+
+def recording() -> bool:
+    """Whether spans can be recorded: a provider was given (:func:`use_tracer_provider`) or a
+    global one set (an SDK). Without either, OpenTelemetry's global provider is its proxy and
+    every span is a non-recording one."""
+    if _provider is not None:
+        return True
+    return not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
 
 
 def tracer() -> trace.Tracer:
@@ -100,9 +112,15 @@ def context_from_headers(headers: Mapping[Any, Any] | None) -> Context:
     return _PROPAGATOR.extract(_text_headers(headers))
 
 
+def _carries_context(headers: Mapping[Any, Any] | None) -> bool:
+    return bool(headers) and "traceparent" in headers  # type: ignore[operator]
+
+
 def trace_id_of(headers: Mapping[Any, Any] | None) -> str | None:
     """The 32-hex-digit trace id in ``headers``' ``traceparent`` (None when absent or invalid).
     Works without an SDK: it is what the JSON logs print. Never raises."""
+    if not _carries_context(headers):
+        return None
     try:
         span_context = trace.get_current_span(context_from_headers(headers)).get_span_context()
     except Exception:  # hostile headers: no trace id, never the delivery's failure
@@ -170,7 +188,10 @@ def start_process_span(
     """Start (not end) the CONSUMER span ``process <queue>`` of one delivery, child of the
     context its headers carry. :func:`end_process_span` ends it once the delivery is settled;
     run the handler inside ``trace.use_span(span, end_on_exit=False)`` so its own spans are
-    children."""
+    children. Costs nothing without an SDK when the message carries no trace context: the
+    shared invalid span then (nothing to record, nothing to pass on)."""
+    if not recording() and not _carries_context(headers):
+        return trace.INVALID_SPAN
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
         "messaging.operation.type": "process",
