@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from amqp_lab.fieldtable import FieldTableError, from_typed, table_from_typed, typed_table
+from amqp_lab.fieldtable import from_typed, table_from_typed, typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     FIRST_SEEN_HEADER,
     JSON,
     REPLAYED_PROPERTIES,
     OutgoingMessage,
+    decode_json,
     encode_json,
     original_destination,
     user_headers,
@@ -58,6 +59,7 @@ __all__ = [
     "record_message",
     "replay_message",
     "summarize",
+    "time_of",
     "utc_iso",
     "view_of",
 ]
@@ -200,8 +202,11 @@ def fallback_record(
 def encode_record(record: dict[str, Any]) -> bytes:
     """The record's JSON body: compact, sorted keys, ASCII - an exception message may hold a
     lone surrogate (``surrogateescape``, ``os.fsdecode``) that UTF-8 cannot encode; JSON
-    escapes keep it. Never raises for a record built here."""
-    return json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+    escapes keep it - and standard (no NaN or Infinity: a float header that is one is in the
+    typed encoding, as its IEEE bits). Never raises for a record built here."""
+    return json.dumps(
+        record, separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def record_message(record: dict[str, Any], dlx: str, routing_key: str) -> OutgoingMessage:
@@ -262,53 +267,96 @@ class DlqEntry:
 
 def view_of(body: bytes, properties: Any) -> DlqEntry:
     """Read a DLQ message (a record, or a raw message with x-death) into a :class:`DlqEntry`.
-    ``properties``: the delivery's basic properties (attributes as pika's BasicProperties)."""
-    if getattr(properties, "type", None) == RECORD_TYPE:
-        try:
-            return _view_of_record(json.loads(body))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, FieldTableError):
-            pass  # a damaged record is shown raw below rather than hidden
-    return _view_of_raw(body, properties)
+    ``properties``: the delivery's basic properties (attributes as pika's BasicProperties,
+    decoded by :mod:`amqp_lab.wire`'s lossless codec). Never raises, whatever a publisher put
+    in the DLQ: a message typed ``dlq-record`` whose body is not a well-formed record (not
+    standard JSON - NaN and Infinity are refused -, a field of the wrong type, a payload that
+    does not decode) is shown raw, as the broker holds it; a message that cannot be read even
+    so (a bug, or input nobody foresaw) is shown as source ``unreadable`` with the reason as
+    its error message."""
+    try:
+        if getattr(properties, "type", None) == RECORD_TYPE:
+            try:
+                return _view_of_record(decode_json(body))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                pass  # a damaged record is shown raw below rather than hidden
+        return _view_of_raw(body, properties)
+    except Exception as e:  # whatever a hostile message manages: never the reader's end
+        return _unreadable(body, properties, e)
 
 
-def _view_of_record(record: dict[str, Any]) -> DlqEntry:
-    error = record["error"]
-    if record.get("format", 1) >= 2:
-        headers = table_from_typed(record.get("headers") or [])
-        props = table_from_typed(record.get("properties") or [])
+class _NotARecord(ValueError):
+    """A field of a ``dlq-record`` body that is missing or of the wrong type."""
+
+
+def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """``record[name]``, ``default`` when absent; _NotARecord when it is not a ``kind``."""
+    value = record.get(name, default)
+    if value is not default and (isinstance(value, bool) or not isinstance(value, kind)):
+        raise _NotARecord(f"record field {name!r} is a {type(value).__name__}")
+    return value
+
+
+def _view_of_record(record: Any) -> DlqEntry:
+    if not isinstance(record, dict):
+        raise _NotARecord("a record is a JSON object")
+    error = _field(record, "error", dict, None)
+    original = _field(record, "original", dict, None)
+    if error is None or original is None:
+        raise _NotARecord("a record names its error and its original destination")
+    if _field(record, "format", int, 1) >= 2:
+        headers = table_from_typed(_field(record, "headers", list, None) or [])
+        props = table_from_typed(_field(record, "properties", list, None) or [])
     else:  # format 1: headers as plain JSON values, properties not kept
-        headers = dict(record.get("headers") or {})
-        props = {"content_type": record.get("content_type")}
+        headers = dict(_field(record, "headers", dict, None) or {})
+        props = {"content_type": _field(record, "content_type", str, None)}
+    payload = record.get("payload")
+    encoding = _field(record, "payload_encoding", str, "json")
+    decode_payload(payload, encoding)  # a payload that cannot be replayed is no record
+    exchange = _field(original, "exchange", str, None)
+    routing_key = _field(original, "routing_key", str, None)
+    if exchange is None or routing_key is None:
+        raise _NotARecord("a record names its original exchange and routing key")
+    error_type = _field(error, "type", str, None)
+    if error_type is None:
+        raise _NotARecord("a record names its error's type")
+    deaths = record.get("x_death")
     return DlqEntry(
-        message_id=record.get("message_id"),
+        message_id=_field(record, "message_id", str, None),
         source="record",
-        error_type=str(error["type"]),
-        error_message=str(error["message"]),
-        classification=record.get("classification", "?"),
-        attempts=int(record.get("attempts", 0)),
-        first_seen_at=record.get("first_seen_at"),
-        last_failed_at=record.get("last_failed_at"),
-        exchange=record["original"]["exchange"],
-        routing_key=record["original"]["routing_key"],
-        payload=record.get("payload"),
-        payload_encoding=record.get("payload_encoding", "json"),
+        error_type=error_type,
+        error_message=_field(error, "message", str, ""),
+        classification=_field(record, "classification", str, "?"),
+        attempts=_field(record, "attempts", int, 0),
+        first_seen_at=_field(record, "first_seen_at", str, None),
+        last_failed_at=_field(record, "last_failed_at", str, None),
+        exchange=exchange,
+        routing_key=routing_key,
+        payload=payload,
+        payload_encoding=encoding,
         headers=headers,
         properties=props,
-        traceback=error.get("traceback"),
-        queue=_text(record["original"]["queue"]) if record["original"].get("queue") else None,
-        x_death=_deaths(from_typed(record["x_death"])) if record.get("x_death") else None,
+        traceback=_field(error, "traceback", str, None),
+        queue=_field(original, "queue", str, None) or None,
+        x_death=_deaths(from_typed(deaths)) if deaths else None,
     )
 
 
 def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
-    headers = dict(getattr(properties, "headers", None) or {})
-    deaths = headers.get("x-death") or []
+    raw_headers = getattr(properties, "headers", None)
+    headers = dict(raw_headers) if isinstance(raw_headers, dict) else {}
+    # x-death as the broker writes it: an array of tables, the latest death first. Anything
+    # else a publisher put there (RabbitMQ keeps a publisher's x-death) reads as no death.
+    deaths = headers.get("x-death")
+    deaths = deaths if isinstance(deaths, list) else []
     first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
-    payload, encoding = encode_payload(body)
+    payload, encoding = encode_payload(bytes(body))
     reason = _text(first.get("reason", "")) or "unknown"
-    keys = first.get("routing-keys") or [""]
+    keys = first.get("routing-keys")
     exchange, routing_key = original_destination(
-        headers, _text(first.get("exchange", "")), _text(keys[0])
+        headers,
+        _text(first.get("exchange", "")),
+        _text(keys[0]) if isinstance(keys, list) and keys else "",
     )
     attempts_header = headers.get(ATTEMPTS_HEADER)
     message_id = getattr(properties, "message_id", None)
@@ -320,7 +368,13 @@ def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
         classification="rejected" if deaths else "?",
         # x-death's count is how often the broker dead-lettered it, not how often it was tried;
         # our header counts only republished retries. Unknown unless the header says more.
-        attempts=attempts_header if isinstance(attempts_header, int) and attempts_header else None,
+        attempts=(
+            int(attempts_header)
+            if isinstance(attempts_header, int)
+            and not isinstance(attempts_header, bool)
+            and attempts_header > 0
+            else None
+        ),
         first_seen_at=_time(headers.get(FIRST_SEEN_HEADER)),
         last_failed_at=_time(first.get("time")),
         exchange=exchange,
@@ -338,6 +392,30 @@ def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
     )
 
 
+def _unreadable(body: Any, properties: Any, error: BaseException) -> DlqEntry:
+    """The entry for a message that :func:`view_of` could not read: the exact body as base64,
+    the reason as the error, nothing else trusted. A replay of it fails (no message_id)."""
+    try:
+        raw = bytes(body)
+    except Exception:
+        raw = b""
+    return DlqEntry(
+        message_id=None,
+        source="unreadable",
+        error_type="unreadable",
+        error_message=f"cannot read this DLQ message: {type(error).__name__}: {error}"[:2000],
+        classification="?",
+        attempts=None,
+        first_seen_at=None,
+        last_failed_at=None,
+        exchange="",
+        routing_key="",
+        payload=base64.b64encode(raw).decode("ascii"),
+        payload_encoding="base64",
+        headers={},
+    )
+
+
 def _deaths(value: Any) -> list[Any] | None:
     return list(value) if isinstance(value, list) and value else None
 
@@ -351,7 +429,7 @@ def _time(value: Any) -> str | None:
         return None
     if isinstance(value, datetime):
         return utc_iso(value.replace(tzinfo=value.tzinfo or UTC).timestamp())
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         try:
             return utc_iso(float(value))
         except (OverflowError, OSError, ValueError):
@@ -383,10 +461,22 @@ def replay_message(entry: DlqEntry, exchange: str | None = None) -> OutgoingMess
 
 
 def parse_time(value: str | None) -> datetime | None:
-    """Parse our ISO 8601 timestamps (``...Z`` or with an offset); None stays None."""
+    """Parse our ISO 8601 timestamps (``...Z`` or with an offset); None stays None. Raises
+    ValueError for text that is not ISO 8601 (see :func:`time_of`, which never raises)."""
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def time_of(value: str | None) -> datetime | None:
+    """An entry's time (``last_failed_at``, ``first_seen_at``) as an aware datetime, or None
+    when it is absent or unreadable - a raw message's header holds whatever its publisher
+    wrote. A time without a zone is UTC, as the broker's x-death times are."""
+    try:
+        when = parse_time(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return when if when is None or when.tzinfo else when.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -401,7 +491,7 @@ class DlqSummary:
 
 def summarize(entries: list[DlqEntry], now: datetime) -> DlqSummary:
     """Summarize DLQ entries as of ``now`` (an aware datetime)."""
-    times = [t for t in (parse_time(e.last_failed_at) for e in entries) if t is not None]
+    times = [t for t in (time_of(e.last_failed_at) for e in entries) if t is not None]
     oldest = (now - min(times)).total_seconds() if times else None
     counts: dict[str, int] = {}
     for entry in entries:
@@ -429,7 +519,7 @@ class Selection:
         if self.error_type is not None and entry.error_type != self.error_type:
             return False
         if self.since is not None or self.until is not None:
-            failed = parse_time(entry.last_failed_at)
+            failed = time_of(entry.last_failed_at)
             if failed is None:
                 return False
             if self.since is not None and failed < self.since:
