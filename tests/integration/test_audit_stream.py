@@ -18,7 +18,7 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology, with_stream_audit
 from tests.brokers import TestBroker
-from tests.support import NAMES, ROOT, one_error_line, run_script, wait_for
+from tests.support import NAMES, ROOT, one_error_line, run_script, strict_json, wait_for
 
 pytestmark = pytest.mark.integration
 AUDIT = "q:tasks:audit"
@@ -177,7 +177,7 @@ def test_the_script_reads_resumes_and_fails_in_one_line(
     assert first.returncode == 0, first.stderr
     rest = run_script(vhost, "audit.py", "read", "--json", *common)
     assert rest.returncode == 0, rest.stderr
-    rows = [json.loads(line) for line in (first.stdout + rest.stdout).splitlines()]
+    rows = [strict_json(line) for line in (first.stdout + rest.stdout).splitlines()]
     assert [r["message_id"] for r in rows] == [f"m-{n}" for n in range(6)]
     info = run_script(vhost, "audit.py", "info")
     assert info.returncode == 0 and "type stream" in info.stdout, info.stderr
