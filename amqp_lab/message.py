@@ -141,7 +141,8 @@ class OutgoingMessage:
         them by closing the channel, or pika could not encode them: ``expiration`` not a string
         of digits within 0..MAX_EXPIRATION_MS, ``priority`` outside 0..255, a short string over
         255 bytes, a header value AMQP cannot carry (a set, an int beyond 64 bits...),
-        properties larger than one frame (MAX_PROPERTIES_BYTES)."""
+        properties larger than one frame (MAX_PROPERTIES_BYTES), an exchange or routing key
+        that is no AMQP short string (not text, a lone surrogate, over 255 bytes)."""
         if self.expiration is not None and not (
             isinstance(self.expiration, str)
             and self.expiration.isascii()
@@ -153,6 +154,12 @@ class OutgoingMessage:
                 f"milliseconds within 0..{MAX_EXPIRATION_MS}, got {self.expiration!r}",
                 self.message_id,
             )
+        for name, value in (("exchange", self.exchange), ("routing key", self.routing_key)):
+            problem = _not_a_short_string(value)
+            if problem:  # pika would fail inside basic.publish, looking like a lost connection
+                raise UnencodableMessage(
+                    f"message_id={self.message_id!r}: the {name} {problem}", self.message_id
+                )
         try:
             sealed = self.properties().seal()
         except FieldTableError as e:
@@ -166,6 +173,17 @@ class OutgoingMessage:
                 self.message_id,
             )
         return sealed
+
+
+def _not_a_short_string(value: Any) -> str | None:
+    """Why ``value`` cannot be an AMQP short string (exchange, routing key), or None."""
+    if not isinstance(value, str):
+        return f"must be a str, not {type(value).__name__}"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{value[:40]!r} is not Unicode text (a lone surrogate)"
+    return f"{value[:40]!r}... is longer than 255 bytes" if size > 255 else None
 
 
 def user_headers(headers: dict[Any, Any] | None) -> dict[Any, Any]:

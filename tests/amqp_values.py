@@ -169,13 +169,19 @@ foreign_properties: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
 ``expiration`` long enough for the test to read the message."""
 
 json_values: st.SearchStrategy[Any] = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["\ud800", "a\udcffb", "\n\u2028"]),  # JSON escapes a lone surrogate
     lambda children: (
         st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
     ),
     max_leaves=8,
 )
-"""JSON values as Python's json module writes them: NaN and Infinity included."""
+"""JSON values as Python's json module writes them: NaN, Infinity and lone surrogates (as
+``\\ud800`` escapes) included."""
 
 RECORD_FIELDS = (
     "format",

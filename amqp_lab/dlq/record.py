@@ -297,6 +297,40 @@ def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], def
     return value
 
 
+def _short_text(record: dict[str, Any], name: str) -> str | None:
+    """A field that is an AMQP short string in the message (message_id, exchange, routing
+    key): text of at most 255 bytes in UTF-8, or None when absent."""
+    value: str | None = _field(record, name, str, None)
+    if value is not None and len(value.encode("utf-8", "surrogatepass")) > 255:
+        raise _NotARecord(f"record field {name!r} is longer than an AMQP short string")
+    return value
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a parsed JSON value holds a lone surrogate in a string or a key (JSON escapes
+    such as ``\\ud800`` parse into one), without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _shown(text: str) -> str:
+    """``text`` with a lone surrogate written as ``\\udcNN``: an error message may hold one
+    (``surrogateescape``), and a page or a UTF-8 log line cannot."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _view_of_record(record: Any) -> DlqEntry:
     if not isinstance(record, dict):
         raise _NotARecord("a record is a JSON object")
@@ -304,6 +338,11 @@ def _view_of_record(record: Any) -> DlqEntry:
     original = _field(record, "original", dict, None)
     if error is None or original is None:
         raise _NotARecord("a record names its error and its original destination")
+    # Only an error's own text may hold a lone surrogate (build_record keeps an exception's
+    # message as it is); anywhere else one means the record is not one amqp-lab wrote.
+    texts = ("message", "traceback")
+    if _lone_surrogate({**record, "error": {k: v for k, v in error.items() if k not in texts}}):
+        raise _NotARecord("a record field holds a lone surrogate")
     if _field(record, "format", int, 1) >= 2:
         headers = table_from_typed(_field(record, "headers", list, None) or [])
         props = table_from_typed(_field(record, "properties", list, None) or [])
@@ -313,8 +352,8 @@ def _view_of_record(record: Any) -> DlqEntry:
     payload = record.get("payload")
     encoding = _field(record, "payload_encoding", str, "json")
     decode_payload(payload, encoding)  # a payload that cannot be replayed is no record
-    exchange = _field(original, "exchange", str, None)
-    routing_key = _field(original, "routing_key", str, None)
+    exchange = _short_text(original, "exchange")
+    routing_key = _short_text(original, "routing_key")
     if exchange is None or routing_key is None:
         raise _NotARecord("a record names its original exchange and routing key")
     error_type = _field(error, "type", str, None)
@@ -322,10 +361,10 @@ def _view_of_record(record: Any) -> DlqEntry:
         raise _NotARecord("a record names its error's type")
     deaths = record.get("x_death")
     return DlqEntry(
-        message_id=_field(record, "message_id", str, None),
+        message_id=_short_text(record, "message_id"),
         source="record",
         error_type=error_type,
-        error_message=_field(error, "message", str, ""),
+        error_message=_shown(_field(error, "message", str, "")),
         classification=_field(record, "classification", str, "?"),
         attempts=_field(record, "attempts", int, 0),
         first_seen_at=_field(record, "first_seen_at", str, None),
@@ -336,7 +375,7 @@ def _view_of_record(record: Any) -> DlqEntry:
         payload_encoding=encoding,
         headers=headers,
         properties=props,
-        traceback=_field(error, "traceback", str, None),
+        traceback=_shown(_field(error, "traceback", str, "")) or None,
         queue=_field(original, "queue", str, None) or None,
         x_death=_deaths(from_typed(deaths)) if deaths else None,
     )

@@ -83,6 +83,10 @@ def check_entry(entry: DlqEntry) -> None:
     assert isinstance(decode_payload(entry.payload, entry.payload_encoding), bytes)
     text = json.dumps(entry.as_dict(), sort_keys=True, allow_nan=False)
     assert strict(text)["source"] == entry.source
+    # every text is Unicode text: a page, a log line or a routing key can carry it
+    json.dumps(entry.as_dict(), ensure_ascii=False, default=str).encode("utf-8")
+    if entry.traceback:
+        entry.traceback.encode("utf-8")
     message = replay_message(entry)
     with contextlib.suppress(UnencodableMessage):  # a replay fails with a reason, if at all
         message.sealed_properties()
@@ -304,3 +308,22 @@ def test_a_tagged_timestamp_header_reads() -> None:
         b"",
     )
     assert entry.timestamp is None and entry.headers["t"] == 2**63
+
+
+def test_a_record_of_an_error_with_a_lone_surrogate_is_shown_escaped() -> None:
+    """build_record keeps such an exception message (JSON-escaped); a page or a UTF-8 line
+    cannot hold it, so the view writes it as \\udcff."""
+    body = encode_record(build_record(**{**_args(b"{}"), "error": ValueError("bad \udcff")}))
+    entry = view_of(body, _record_props())
+    assert (entry.source, entry.error_message) == ("record", "bad \\udcff")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("message_id", "m-\ud800"), ("message_id", "m" * 256), ("classification", "\udcff")],
+)
+def test_a_record_with_a_field_no_message_carries_is_shown_raw(field: str, value: str) -> None:
+    body = json.dumps({**_record({}), field: value}).encode()
+    entry = view_of(body, _record_props())
+    assert entry.source == "raw" and entry.message_id == "m-1"  # the delivery's own id
+    check_entry(entry)

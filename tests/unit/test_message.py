@@ -328,3 +328,23 @@ def test_message_for_refuses_a_key_that_is_not_unicode_text() -> None:
     with pytest.raises(ConfigurationError, match=r"1\.\.255 bytes of UTF-8"):
         message.message_for(names, {}, key="k-\udcff")
     assert message.message_for(names, {}, key="k-1").routing_key == "k-1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"exchange": "x" * 256}, "the exchange 'xxx"),
+        ({"routing_key": "k-\ud800"}, "the routing key 'k-\\ud800' is not Unicode text"),
+        ({"routing_key": "é" * 128}, "is longer than 255 bytes"),
+    ],
+)
+def test_an_exchange_or_routing_key_that_is_no_short_string_is_refused(
+    fields: dict[str, Any], reason: str
+) -> None:
+    """A replay of a damaged DLQ entry used to reach pika, whose failure inside basic.publish
+    looked like a lost connection and was retried."""
+    message = OutgoingMessage(b"{}", "m-1", **fields)
+    with pytest.raises(UnencodableMessage, match="message_id='m-1'") as error:
+        message.sealed_properties()
+    assert reason in str(error.value)
+    OutgoingMessage(b"{}", "m-1", exchange="x" * 255, routing_key="é" * 127).sealed_properties()
