@@ -264,8 +264,11 @@ def _refuse_constant(name: str) -> Any:
 
 def decode_json(text: str | bytes) -> Any:
     """Parse standard JSON (RFC 8259): as ``json.loads``, but ``NaN``, ``Infinity`` and
-    ``-Infinity``, which Python's parser accepts, are refused. Raises ValueError (also for
-    bytes that are not UTF-8) or RecursionError (nested too deeply)."""
+    ``-Infinity``, which Python's parser accepts, are refused, and bytes are UTF-8 (no
+    guessing UTF-16 or UTF-32). Raises ValueError (UnicodeDecodeError for bytes that are not
+    UTF-8) or RecursionError (nested too deeply)."""
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8")
     return json.loads(text, parse_constant=_refuse_constant)
 
 

@@ -229,7 +229,7 @@ class DlqEntry:
     ``properties`` hold real values (the types the message carried)."""
 
     message_id: str | None
-    source: str  # "record", "x-death" or "raw"
+    source: str  # "record", "x-death", "raw" or "unreadable" (see view_of)
     error_type: str
     error_message: str
     classification: str
