@@ -15,7 +15,7 @@ from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_en
 
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.ops import browse, depth
-from amqp_lab.dlq.record import summarize
+from amqp_lab.dlq.view import summarize
 from amqp_lab.oneline import one_line
 
 

@@ -28,7 +28,7 @@ from _cli import (
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG, AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
-from amqp_lab.dlq.record import Selection
+from amqp_lab.dlq.view import Selection
 from amqp_lab.oneline import one_line
 
 

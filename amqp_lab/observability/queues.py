@@ -8,7 +8,7 @@ custom collector that asks the broker on every scrape, over one short AMQP conne
   variant and the wait queues that exist: ready messages and consumers, exact (no statistics
   lag, no management plugin needed);
 * the DLQ's head: ``basic.get`` of ONE message without ack, its ``last_failed_at`` read with
-  :func:`amqp_lab.dlq.record.view_of` (whatever a publisher put there: a time that does not
+  :func:`amqp_lab.dlq.view.view_of` (whatever a publisher put there: a time that does not
   read as ISO 8601 is no time, and a time without a zone is UTC), then
   ``basic.nack(requeue=True)``, which puts it back at its position
   (https://www.rabbitmq.com/docs/confirms#consumer-nacks-requeue); a
@@ -36,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.dlq.record import time_of, view_of
+from amqp_lab.dlq.view import time_of, view_of
 from amqp_lab.errors import AmqpLabError, NotFound
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names

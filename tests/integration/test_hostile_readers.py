@@ -29,7 +29,7 @@ from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.fingerprint import group
 from amqp_lab.dlq.ops import browse, depth, replay
-from amqp_lab.dlq.record import DlqEntry
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.observability.queues import probe_queues
 from amqp_lab.ordering.key_sources import dlq_keys, queue_keys
 from amqp_lab.settings import BrokerSettings

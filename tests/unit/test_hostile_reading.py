@@ -21,17 +21,12 @@ from amqp_lab.console.present import death_rows, field_rows, payload_text
 from amqp_lab.dlq.fingerprint import fingerprint_of, group
 from amqp_lab.dlq.record import (
     RECORD_TYPE,
-    DlqEntry,
-    Selection,
     build_record,
     decode_payload,
     encode_record,
     record_message,
-    replay_message,
-    summarize,
-    time_of,
-    view_of,
 )
+from amqp_lab.dlq.view import DlqEntry, Selection, replay_message, summarize, time_of, view_of
 from amqp_lab.errors import BusinessError, UnencodableMessage
 from amqp_lab.fieldtable import TaggedFloat, TaggedInt
 from amqp_lab.ordering.key_sources import keys_from_headers
