@@ -8,8 +8,11 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import pika
 import pytest
 
 from amqp_lab.audit import OffsetStore, StreamEntry, StreamReader
@@ -17,6 +20,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology, with_stream_audit
+from amqp_lab.wire import AmqpProperties
 from tests.brokers import TestBroker
 from tests.support import NAMES, ROOT, one_error_line, run_script, strict_json, wait_for
 
@@ -187,3 +191,80 @@ def test_the_script_reads_resumes_and_fails_in_one_line(
     classic = run_script(vhost, "audit.py", "--stream", "q:tasks", "read")
     assert classic.returncode == 1
     assert "cannot be read as a stream" in one_error_line(classic.stderr)
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused_from"),
+    [({"headers": {"amount": Decimal("1.50")}}, (3, 10)), ({"reply_to": b"\xff"}, (4, 3))],
+    ids=["decimal-header", "reply_to-not-utf8"],
+)
+def test_what_a_stream_refuses_on_its_way_in(
+    vhost: BrokerSettings,
+    broker: TestBroker,
+    fields: dict[str, object],
+    refused_from: tuple[int, int],
+) -> None:
+    """Two legal messages a classic queue takes and a stream does not: RabbitMQ closes the
+    publisher's connection (541 INTERNAL_ERROR, no confirm) for a decimal header (3.10, 4.0,
+    4.3) and for a reply_to that is not UTF-8 (4.3), whether published to the stream or to an
+    exchange that routes a copy there (docs/audit-stream.md)."""
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    outcomes = []
+    for target in (("", NAMES.dlq), ("", AUDIT), (NAMES.exchange, NAMES.routing_key)):
+        connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish(*target, b"{}", AmqpProperties(**fields), mandatory=True)
+            outcomes.append("confirmed")
+        except pika.exceptions.ConnectionClosedByBroker as e:
+            outcomes.append(f"closed {e.reply_code}")
+        finally:
+            if connection.is_open:
+                connection.close()
+    major, minor = (int(part) for part in broker.version.split(".")[:2])
+    stream = "closed 541" if (major, minor) >= refused_from else "confirmed"
+    assert outcomes == ["confirmed", stream, stream]  # the DLQ is a classic queue
+
+
+def test_legal_values_a_foreign_publisher_sent_are_read_and_the_reader_goes_on(
+    vhost: BrokerSettings, tmp_path: Path
+) -> None:
+    """A timestamp past year 9999 stopped the reader for good (ValueError, at the same offset
+    on every resume); a message_id that is not UTF-8, or holds a newline, broke or forged
+    audit.py's lines."""
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    sent: list[dict[str, Any]] = [
+        {"message_id": "m-1", "timestamp": 253402300800},  # year 10000
+        {"message_id": b"m-\xff", "timestamp": 2**40},
+        {"message_id": "m-3\nforged 4 m-4", "headers": {"x": "a\u2028b"}},
+    ]
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for fields in sent:
+            channel.basic_publish("", AUDIT, b"line 1\nline 2", AmqpProperties(**fields))
+    finally:
+        connection.close()
+    common = ("--resume", "r", "--offsets-file", str(tmp_path / "o.json"), "--idle-exit", "1")
+    text = run_script(vhost, "audit.py", "read", "--from", "first", *common)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 3 and "3 entries read" in text.stderr, text.stdout + text.stderr
+    assert "m-1" in lines[0] and "253402300800" in lines[0]
+    assert "m-\\xff" in lines[1] and "m-3\\nforged 4 m-4" in lines[2]
+    again = run_script(vhost, "audit.py", "read", *common)  # resumes after the last one
+    assert (again.returncode, again.stdout) == (0, ""), again.stderr
+    rows = [
+        strict_json(line)
+        for line in run_script(
+            vhost, "audit.py", "read", "--from", "first", "--json", "--idle-exit", "1"
+        ).stdout.splitlines()
+    ]
+    assert [r["message_id"] for r in rows] == ["m-1", None, "m-3\nforged 4 m-4"]
+    assert rows[0]["timestamp"] is None
+    assert ["timestamp", {"l": 253402300800}] in rows[0]["properties"]
+    assert ["message_id", {"x": "bS3/"}] in rows[1]["properties"]  # the exact bytes
+    assert ["x", {"S": "a\u2028b"}] in rows[2]["headers"]
+    assert {r["body"] for r in rows} == {"line 1\nline 2"}

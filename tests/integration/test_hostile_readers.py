@@ -68,9 +68,10 @@ def _has_decimal(value: Any) -> bool:
 
 
 def stream_accepts(fields: dict[str, Any]) -> bool:
-    """What RabbitMQ 4.3.6 accepts into a stream: a message with a decimal header or a
-    reply_to that is not UTF-8 routed to a stream closes the publisher's connection (541
-    INTERNAL_ERROR, converting it for the stream; a classic queue takes both)."""
+    """What a stream accepts: a message with a decimal header (3.10, 4.0, 4.3) or a reply_to
+    that is not UTF-8 (4.3) routed to a stream closes the publisher's connection with 541
+    INTERNAL_ERROR; a classic queue takes both
+    (test_audit_stream::test_what_a_stream_refuses_on_its_way_in)."""
     return not _has_decimal(fields.get("headers")) and not isinstance(fields.get("reply_to"), bytes)
 
 
