@@ -16,8 +16,9 @@ import pika
 import pytest
 
 from amqp_lab.audit import OffsetStore, StreamEntry, StreamReader
+from amqp_lab.errors import PublishFailed
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.publishing.blocking import Publisher
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology, with_stream_audit
 from amqp_lab.wire import AmqpProperties
@@ -201,7 +202,7 @@ def test_the_script_reads_resumes_and_fails_in_one_line(
 def test_what_a_stream_refuses_on_its_way_in(
     vhost: BrokerSettings,
     broker: TestBroker,
-    fields: dict[str, object],
+    fields: dict[str, Any],
     refused_from: tuple[int, int],
 ) -> None:
     """Two legal messages a classic queue takes and a stream does not: RabbitMQ closes the
@@ -223,8 +224,16 @@ def test_what_a_stream_refuses_on_its_way_in(
             if connection.is_open:
                 connection.close()
     major, minor = (int(part) for part in broker.version.split(".")[:2])
-    stream = "closed 541" if (major, minor) >= refused_from else "confirmed"
+    refused = (major, minor) >= refused_from
+    stream = "closed 541" if refused else "confirmed"
     assert outcomes == ["confirmed", stream, stream]  # the DLQ is a classic queue
+    if refused:  # amqp-lab's publisher: retried on a new connection, then a clear failure
+        message = OutgoingMessage(
+            b"{}", "m-1", exchange=NAMES.exchange, routing_key=NAMES.routing_key, **fields
+        )
+        retry = PublishRetry(max_attempts=2, base=0.01)
+        with Publisher(vhost, retry) as publisher, pytest.raises(PublishFailed, match="541"):
+            publisher.publish(message)
 
 
 def test_legal_values_a_foreign_publisher_sent_are_read_and_the_reader_goes_on(
