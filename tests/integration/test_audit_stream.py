@@ -277,3 +277,30 @@ def test_legal_values_a_foreign_publisher_sent_are_read_and_the_reader_goes_on(
     assert ["message_id", {"x": "bS3/"}] in rows[1]["properties"]  # the exact bytes
     assert ["x", {"S": "a\u2028b"}] in rows[2]["headers"]
     assert {r["body"] for r in rows} == {"line 1\nline 2"}
+
+
+def test_an_entry_the_reader_cannot_make_is_skipped_with_its_reason(
+    vhost: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No legal value is known to need it (every one is read): should one appear, it costs
+    one entry, reported with its offset and reason, never the reader's end."""
+    from amqp_lab.audit import reader as module
+
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    publish(vhost, 0, 3)
+    make = module._entry
+
+    def fragile(offset: int, method: Any, properties: Any, body: bytes) -> StreamEntry:
+        if properties.message_id == "m-1":
+            raise RuntimeError("boom")
+        return make(offset, method, properties, body)
+
+    monkeypatch.setattr(module, "_entry", fragile)
+    store = OffsetStore(tmp_path / "o.json")
+    reader = StreamReader(vhost, AUDIT, store=store, name="r")
+    entries: list[StreamEntry] = []
+    report = reader.read(entries.append, "first", idle_timeout=1.0)
+    assert ids(entries) == ["m-0", "m-2"]
+    ((offset, reason),) = report.skipped
+    assert reason == "RuntimeError: boom" and entries[0].offset < offset < entries[1].offset
+    assert (report.read, reader.stored_offset()) == (2, entries[1].offset)
