@@ -36,6 +36,7 @@ __all__ = [
     "OutgoingMessage",
     "Task",
     "decode_body",
+    "decode_json",
     "encode_json",
     "header_attempts",
     "is_json",
@@ -140,7 +141,8 @@ class OutgoingMessage:
         them by closing the channel, or pika could not encode them: ``expiration`` not a string
         of digits within 0..MAX_EXPIRATION_MS, ``priority`` outside 0..255, a short string over
         255 bytes, a header value AMQP cannot carry (a set, an int beyond 64 bits...),
-        properties larger than one frame (MAX_PROPERTIES_BYTES)."""
+        properties larger than one frame (MAX_PROPERTIES_BYTES), an exchange or routing key
+        that is no AMQP short string (not text, a lone surrogate, over 255 bytes)."""
         if self.expiration is not None and not (
             isinstance(self.expiration, str)
             and self.expiration.isascii()
@@ -152,6 +154,12 @@ class OutgoingMessage:
                 f"milliseconds within 0..{MAX_EXPIRATION_MS}, got {self.expiration!r}",
                 self.message_id,
             )
+        for name, value in (("exchange", self.exchange), ("routing key", self.routing_key)):
+            problem = _not_a_short_string(value)
+            if problem:  # pika would fail inside basic.publish, looking like a lost connection
+                raise UnencodableMessage(
+                    f"message_id={self.message_id!r}: the {name} {problem}", self.message_id
+                )
         try:
             sealed = self.properties().seal()
         except FieldTableError as e:
@@ -165,6 +173,17 @@ class OutgoingMessage:
                 self.message_id,
             )
         return sealed
+
+
+def _not_a_short_string(value: Any) -> str | None:
+    """Why ``value`` cannot be an AMQP short string (exchange, routing key), or None."""
+    if not isinstance(value, str):
+        return f"must be a str, not {type(value).__name__}"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{value[:40]!r} is not Unicode text (a lone surrogate)"
+    return f"{value[:40]!r}... is longer than 255 bytes" if size > 255 else None
 
 
 def user_headers(headers: dict[Any, Any] | None) -> dict[Any, Any]:
@@ -217,8 +236,40 @@ PROPERTY_NAMES = (
 
 
 def encode_json(value: Any) -> bytes:
-    """Compact, deterministic JSON bytes (UTF-8)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    """Compact, deterministic, standard JSON bytes (UTF-8, RFC 8259). Raises ValueError, one
+    line naming the reason, for a value standard JSON cannot carry: NaN or an infinity
+    (Python's ``json`` would write ``NaN`` / ``Infinity``, which other parsers refuse) or a
+    string with a lone surrogate (not Unicode text, so no UTF-8 form); TypeError for a type
+    JSON has no form for."""
+    try:
+        text = json.dumps(
+            value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+        )
+    except ValueError as e:
+        if "Out of range float" not in str(e):
+            raise
+        raise ValueError("it holds NaN or Infinity: standard JSON has no such number") from e
+    try:
+        return text.encode()
+    except UnicodeEncodeError as e:
+        char = e.object[e.start : e.start + 1]
+        raise ValueError(
+            f"a string holds {char!r}, a lone surrogate: not Unicode text, so no UTF-8 form"
+        ) from e
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (standard JSON has no NaN or Infinity)")
+
+
+def decode_json(text: str | bytes) -> Any:
+    """Parse standard JSON (RFC 8259): as ``json.loads``, but ``NaN``, ``Infinity`` and
+    ``-Infinity``, which Python's parser accepts, are refused, and bytes are UTF-8 (no
+    guessing UTF-16 or UTF-32). Raises ValueError (UnicodeDecodeError for bytes that are not
+    UTF-8) or RecursionError (nested too deeply)."""
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8")
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def message_for(
@@ -240,12 +291,19 @@ def message_for(
     ``key`` header (:data:`KEY_HEADER`) and used as the routing key, which the ordered
     topology's consistent-hash exchange hashes onto a shard (docs/ordering.md). Raises
     ConfigurationError for an ordered topology without a key (every message would hash to one
-    shard), or a key that is empty or longer than 255 bytes in UTF-8 (AMQP's shortstr limit
-    for a routing key)."""
+    shard), or a key that is empty, not Unicode text (a lone surrogate) or longer than 255
+    bytes in UTF-8 (AMQP's shortstr limit for a routing key); UnencodableMessage for a body
+    that is not bytes and has no standard JSON form (:func:`encode_json`: NaN, Infinity, a
+    lone surrogate, a set...)."""
     routing_key = names.routing_key
     headers = dict(headers or {})
+    message_id = message_id or str(uuid.uuid4())
     if key is not None:
-        if not key or len(key.encode("utf-8")) > 255:
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError:
+            size = 0
+        if not 1 <= size <= 255:
             raise ConfigurationError(
                 f"a key must be 1..255 bytes of UTF-8 (it is the routing key), not {key!r:.80}"
             )
@@ -259,10 +317,15 @@ def message_for(
     if isinstance(body, bytes | bytearray):
         raw, default_type = bytes(body), "application/octet-stream"
     else:
-        raw, default_type = encode_json(body), JSON
+        try:
+            raw, default_type = encode_json(body), JSON
+        except (ValueError, TypeError, RecursionError) as e:
+            raise UnencodableMessage(
+                f"message_id={message_id!r}: the body is not standard JSON: {e}", message_id
+            ) from e
     return OutgoingMessage(
         body=raw,
-        message_id=message_id or str(uuid.uuid4()),
+        message_id=message_id,
         exchange=names.exchange,
         routing_key=routing_key,
         content_type=content_type or default_type,

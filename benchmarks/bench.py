@@ -511,7 +511,7 @@ def main() -> int:
     }
     print_report(summary, median, args)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return EXIT_OK
 
 

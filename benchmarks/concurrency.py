@@ -552,7 +552,7 @@ def main() -> int:
     summary = summarize(results, args)
     print_table(summary)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return EXIT_OK if results else EXIT_FAILED
 
 

@@ -21,7 +21,7 @@ import pika.exceptions as pe
 
 from amqp_lab.connection import close_quietly, connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
-from amqp_lab.dedup import ManagedDedupStore, open_store
+from amqp_lab.dedup import ManagedDedupStore, Returned, open_store
 from amqp_lab.errors import BrokerConnectionError
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
@@ -67,6 +67,12 @@ class TimedStore:
 
     def reset_redeliveries(self, message_id: str) -> None:
         self.store.reset_redeliveries(message_id)
+
+    def note_return(self, message_id: str, now: float) -> Returned:
+        return self.store.note_return(message_id, now)
+
+    def note_failure(self, message_id: str, now: float, failures: int | None) -> float:
+        return self.store.note_failure(message_id, now, failures)
 
     def is_processed(self, message_id: str) -> bool:
         return self.store.is_processed(message_id)

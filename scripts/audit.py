@@ -14,6 +14,7 @@ again. See docs/audit-stream.md.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 
@@ -27,23 +28,43 @@ from amqp_lab.audit import (
     parse_start,
 )
 from amqp_lab.errors import ConfigurationError, QueueNotFound
+from amqp_lab.fieldtable import typed_table
 from amqp_lab.management import ManagementClient
+from amqp_lab.oneline import one_line
 
 
 def preview(body: bytes, width: int = 60) -> str:
-    text = body.decode("utf-8", errors="backslashreplace").replace("\n", " ")
+    text = one_line(body.decode("utf-8", errors="backslashreplace").replace("\n", " "))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def shown_id(entry: StreamEntry) -> str:
+    """The message_id for a person: escaped to one line; one that is not UTF-8 with its other
+    bytes as ``\\xNN``; ``-`` when there is none."""
+    raw = entry.properties.get("message_id", entry.message_id)
+    if isinstance(raw, bytes):
+        return one_line(raw.decode("utf-8", "backslashreplace"))
+    return one_line(raw) if raw else "-"
+
+
 def as_line(entry: StreamEntry) -> str:
-    stamp = entry.timestamp.isoformat() if entry.timestamp else "-"
+    if entry.timestamp is not None:
+        stamp = entry.timestamp.isoformat()
+    else:  # beyond datetime's range (year 9999): the number as it came
+        stamp = str(entry.properties.get("timestamp", "-"))
     return (
-        f"{entry.offset:>10} {(entry.message_id or '-')[:36]:36} {entry.routing_key[:16]:16} "
+        f"{entry.offset:>10} {shown_id(entry)[:36]:36} {one_line(entry.routing_key)[:16]:16} "
         f"{stamp:25} {preview(entry.body)}"
     )
 
 
 def as_json(entry: StreamEntry) -> str:
+    """One entry as standard JSON, losslessly: headers and properties in the typed encoding of
+    docs/dlq-record.md, the body as text when it is UTF-8, else as base64."""
+    try:
+        body, encoding = entry.body.decode("utf-8"), "text"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(entry.body).decode("ascii"), "base64"
     return json.dumps(
         {
             "offset": entry.offset,
@@ -51,9 +72,13 @@ def as_json(entry: StreamEntry) -> str:
             "exchange": entry.exchange,
             "routing_key": entry.routing_key,
             "timestamp": entry.timestamp.isoformat() if entry.timestamp else None,
-            "body": entry.body.decode("utf-8", errors="backslashreplace"),
+            "properties": typed_table(entry.properties),
+            "headers": typed_table(entry.headers),
+            "body": body,
+            "body_encoding": encoding,
         },
         sort_keys=True,
+        allow_nan=False,
     )
 
 
@@ -84,6 +109,8 @@ def read(args: argparse.Namespace, stream: str) -> int:
     )
     if report.gap:
         print(f"warning: {report.gap}", file=sys.stderr)
+    for offset, reason in report.skipped:
+        print(f"warning: entry at offset {offset} skipped: {one_line(reason)}", file=sys.stderr)
     where = (
         f"resumed after offset {report.resumed_from}"
         if report.resumed_from is not None
@@ -91,8 +118,9 @@ def read(args: argparse.Namespace, stream: str) -> int:
     )
     last = "-" if report.last_offset is None else str(report.last_offset)
     stored = f", stored offset {report.stored[-1]} as {args.resume!r}" if report.stored else ""
+    skipped = f", {len(report.skipped)} skipped" if report.skipped else ""
     print(
-        f"{report.read} entries read from {stream} ({where}; last offset {last}; "
+        f"{report.read} entries read{skipped} from {stream} ({where}; last offset {last}; "
         f"stopped: {report.stopped}{stored})",
         file=sys.stderr,
     )

@@ -195,7 +195,7 @@ def main() -> int:
     if holds or args.unsafe_auto_ack:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return EXIT_OK if holds or args.unsafe_auto_ack else EXIT_INVARIANT
 
 
@@ -281,7 +281,7 @@ def ordered_main(args: argparse.Namespace) -> int:
     else:
         print(f"INVARIANT VIOLATED; worker output and store kept in {workdir}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return EXIT_OK if holds else EXIT_INVARIANT
 
 
@@ -341,7 +341,7 @@ def cluster_main(args: argparse.Namespace) -> int:
     else:
         print(f"INVARIANT VIOLATED; worker output and store kept in {workdir}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))
     return EXIT_OK if summary["invariant_holds"] else EXIT_INVARIANT
 
 

@@ -15,7 +15,8 @@ from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_en
 
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.ops import browse, depth
-from amqp_lab.dlq.record import summarize
+from amqp_lab.dlq.view import summarize
+from amqp_lab.oneline import one_line
 
 
 def main() -> int:
@@ -59,19 +60,20 @@ def main() -> int:
         age = "-" if summary.oldest_age is None else f"{summary.oldest_age:.0f}s"
         print(f"{where}: depth={summary.depth} oldest_age={age}")
         for error_type, n in summary.by_error_type:
-            print(f"  {n:>6}  {error_type}")
+            print(f"  {n:>6}  {one_line(error_type)}")
         return EXIT_OK
     if args.json:
         for entry in entries:
-            print(json.dumps(entry.as_dict(), sort_keys=True, default=str))
+            print(json.dumps(entry.as_dict(), sort_keys=True, default=str, allow_nan=False))
         return EXIT_OK
     print(f"{'message_id':38} {'attempts':>8} {'class':10} {'error':44} first_seen_at")
-    for e in entries:
-        error = f"{e.error_type}: {e.error_message}"
+    for e in entries:  # one line each, whatever the message carried (control characters)
+        error = one_line(f"{e.error_type}: {e.error_message}")
         attempts = "-" if e.attempts is None else str(e.attempts)
         print(
-            f"{(e.message_id or '-')[:38]:38} {attempts:>8} {e.classification[:10]:10} "
-            f"{error[:44]:44} {e.first_seen_at or '-'}"
+            f"{one_line(e.message_id or '-')[:38]:38} {attempts:>8} "
+            f"{one_line(e.classification)[:10]:10} {error[:44]:44} "
+            f"{one_line(e.first_seen_at or '-')}"
         )
     print(f"{len(entries)} message(s) in {args.queue}")
     return EXIT_OK

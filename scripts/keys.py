@@ -34,6 +34,7 @@ from amqp_lab.dedup import open_store
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
+from amqp_lab.oneline import one_line
 from amqp_lab.ordering.consumer import parked_scope
 from amqp_lab.ordering.distribution import (
     DEFAULT_KEY_THRESHOLD,
@@ -69,7 +70,11 @@ def print_report(report: Distribution, placement: str) -> None:
         print(
             f"{report.messages:g} messages, {report.distinct_keys} distinct keys, "
             f"{report.shards} shards"
-            + (f", {report.unkeyed} without a key header (not counted)" if report.unkeyed else "")
+            + (
+                f", {report.unkeyed} without a usable key header (not counted)"
+                if report.unkeyed
+                else ""
+            )
         )
     print(f"placement: {placement}")
     if report.shard_shares:
@@ -82,9 +87,9 @@ def print_report(report: Distribution, placement: str) -> None:
         print(f"top {len(report.top_keys)} keys:")
         for k in report.top_keys:
             shard = "-" if k.shard is None else str(k.shard)
-            print(f"  {k.count:>8} {k.share:>7.1%}  shard {shard:>3}  {k.key}")
+            print(f"  {k.count:>8} {k.share:>7.1%}  shard {shard:>3}  {one_line(k.key)}")
     for w in report.warnings:
-        print(f"WARN {w.kind}: {w.text}")
+        print(f"WARN {w.kind}: {one_line(w.text)}")
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -116,7 +121,7 @@ def report_command(args: argparse.Namespace) -> int:
         )
         label = placement.note
     if args.json:
-        print(json.dumps({"placement": label, **report.as_dict()}, sort_keys=True))
+        print(json.dumps({"placement": label, **report.as_dict()}, sort_keys=True, allow_nan=False))
     else:
         print_report(report, label)
     return EXIT_ALERT if report.hot else EXIT_OK
@@ -173,7 +178,10 @@ def parked_command(args: argparse.Namespace) -> int:
             return EXIT_OK
         rows = parked.all()
         for row in rows:
-            print(f"key={row.key} blocker={row.message_id} parked_at={utc_iso(row.parked_at)}")
+            print(
+                f"key={one_line(row.key)} blocker={one_line(row.message_id)} "
+                f"parked_at={utc_iso(row.parked_at)}"
+            )
         print(f"{len(rows)} parked key(s) in scope {scope}")
     finally:
         store.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 import uuid
@@ -27,8 +26,9 @@ from _cli import (
 )
 
 from amqp_lab.errors import AmqpLabError, ConfigurationError, MessageNacked, MessageUnroutable
-from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, message_for
+from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, decode_json, encode_json, message_for
 from amqp_lab.observability.metrics import PublisherMetrics, serve_metrics
+from amqp_lab.oneline import one_line
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message
 
@@ -38,6 +38,15 @@ def key_for(key: str | None, keys: int, seq: int) -> str | None:
     if keys:
         return f"{key or 'key'}-{(seq - 1) % keys + 1}"
     return key
+
+
+def undecodable_byte(value: str | None) -> int | None:
+    """The first byte of a command-line argument that was not UTF-8 (Python keeps it as a
+    lone surrogate, U+DC80..U+DCFF: PEP 383), or None."""
+    for char in value or "":
+        if "\udc80" <= char <= "\udcff":
+            return ord(char) - 0xDC00
+    return None
 
 
 def main() -> int:
@@ -92,15 +101,24 @@ def main() -> int:
         parser.error("--count must be >= 1")
     if args.keys < 0:
         parser.error("--keys must be >= 1")
+    for option in ("body", "message_id", "key", "routing_key", "exchange"):
+        not_utf8 = undecodable_byte(getattr(args, option))
+        if not_utf8 is not None:
+            parser.error(f"--{option.replace('_', '-')} is not UTF-8: byte 0x{not_utf8:02x}")
     body = None
     if args.body is not None:
         try:
-            body = json.loads(args.body)
+            body = decode_json(args.body)
+        except (ValueError, RecursionError) as e:
+            parser.error(f"--body is not JSON: {one_line(str(e))}")
+        try:
+            encode_json(body)
         except ValueError as e:
-            parser.error(f"--body is not JSON: {e}")
+            parser.error(f"--body cannot be sent as JSON: {e}")
     names = topology_from(args).names
     if names.shards and args.key is None and not args.keys and args.routing_key is None:
         parser.error("the ordered topology routes by key: give --key KEY or --keys K")
+    unkeyed = dataclasses.replace(names, shards=0, shard_queue_template=None)
     exchange = names.exchange if args.exchange is None else args.exchange
     routing_key = names.routing_key if args.routing_key is None else args.routing_key
     settings = settings_from_env(
@@ -122,6 +140,7 @@ def main() -> int:
             if args.rate is not None:
                 time.sleep(max(0.0, started + (seq - 1) / args.rate - time.monotonic()))
             message_id = args.message_id or str(uuid.uuid4())
+            key = key_for(args.key, args.keys, seq)
             if body is None:
                 message = task_message(
                     args.kind,
@@ -131,19 +150,23 @@ def main() -> int:
                     routing_key=routing_key,
                     persistent=not args.transient,
                 )
+                if key is not None:
+                    message = dataclasses.replace(
+                        message, routing_key=key, headers={**message.headers, KEY_HEADER: key}
+                    )
             else:
+                # with a key, message_for routes by it (key header + routing key); without
+                # one on the ordered topology, --routing-key routes by hand (checked above)
                 message = message_for(
-                    names,
+                    names if key is not None else unkeyed,
                     body,
                     message_id=message_id,
                     headers={ATTEMPTS_HEADER: 0},
+                    key=key,
                     persistent=not args.transient,
                 )
-                message = dataclasses.replace(message, exchange=exchange, routing_key=routing_key)
-            key = key_for(args.key, args.keys, seq)
-            if key is not None:
                 message = dataclasses.replace(
-                    message, routing_key=key, headers={**message.headers, KEY_HEADER: key}
+                    message, exchange=exchange, routing_key=routing_key if key is None else key
                 )
             status, detail, stop = "confirmed", "", False
             try:
@@ -159,7 +182,7 @@ def main() -> int:
                 # the next message would meet the same fate, so stop here.
                 status, detail, stop = "failed", str(e), True
                 failed += 1
-            line = f"message_id={message.message_id} status={status}"
+            line = f"message_id={one_line(message.message_id)} status={status}"
             print(line + (f" error={detail!r}" if detail else ""), flush=True)
             if stop:
                 if seq < args.count:

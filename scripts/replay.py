@@ -28,7 +28,8 @@ from _cli import (
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG, AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
-from amqp_lab.dlq.record import Selection
+from amqp_lab.dlq.view import Selection
+from amqp_lab.oneline import one_line
 
 
 def iso_time(text: str) -> datetime:
@@ -76,7 +77,7 @@ def main() -> int:
 
         def show(result: ReplayResult) -> None:
             progress.close()  # reading is over: the result lines follow on their own
-            line = f"message_id={result.entry.message_id} status={result.status}"
+            line = f"message_id={one_line(str(result.entry.message_id))} status={result.status}"
             print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
             if result.status != "would-replay":
                 log.write(result.entry, result.status, result.detail)
@@ -97,7 +98,7 @@ def main() -> int:
         f"{'would be replayed' if args.dry_run else 'replayed'}, {failed} failed"
     )
     if args.message_id and not results:
-        print(f"no DLQ message with message_id={args.message_id}")
+        print(f"no DLQ message with message_id={one_line(args.message_id)}")
         return EXIT_FAILED
     return EXIT_FAILED if failed else EXIT_OK
 

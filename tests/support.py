@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -206,3 +207,18 @@ NAMES = load_topology().names
 def lab_message(**fields: Any) -> OutgoingMessage:
     """An OutgoingMessage to the lab topology's exchange and routing key (its work queue)."""
     return OutgoingMessage(exchange=NAMES.exchange, routing_key=NAMES.routing_key, **fields)
+
+
+def strict_json(text: str | bytes) -> Any:
+    """Parse ``text`` as standard JSON (RFC 8259) or fail: Python's parser takes NaN, Infinity
+    and -Infinity, which other parsers refuse, so they raise here."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not standard JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def strict_json_lines(text: str) -> list[Any]:
+    """Each line of ``text`` (a ``--json`` output) parsed by :func:`strict_json`."""
+    return [strict_json(line) for line in text.splitlines()]

@@ -28,6 +28,7 @@ from typing import Any
 from amqp_lab.audit.offsets import OffsetStore, ReaderKey, Start, removed_before
 from amqp_lab.connection import connect, drop_connection, translate
 from amqp_lab.errors import AmqpLabError, NotFound, PreconditionFailed, QueueNotFound
+from amqp_lab.message import properties_of
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["ReadReport", "StreamEntry", "StreamReader"]
@@ -35,26 +36,35 @@ __all__ = ["ReadReport", "StreamEntry", "StreamReader"]
 
 @dataclass(frozen=True)
 class StreamEntry:
-    """One entry of a stream: its ``offset``, the message's properties, and its body.
-    ``timestamp``: the message's AMQP timestamp (seconds) as a UTC datetime, if set."""
+    """One entry of a stream: its ``offset``, the message's properties, and its body, as the
+    lossless codec of :mod:`amqp_lab.wire` decoded them. ``message_id``: None when absent or
+    not UTF-8; ``timestamp``: the AMQP timestamp (seconds) as a UTC datetime, None when absent
+    or beyond datetime's range (year 9999); ``properties``: every basic property set, by name,
+    exactly as it arrived (a message_id that is not UTF-8 as bytes, any timestamp as its int);
+    ``headers`` the same, ``x-stream-offset`` included."""
 
     offset: int
     message_id: str | None
     exchange: str
     routing_key: str
     timestamp: datetime | None
-    headers: dict[str, Any]
+    headers: dict[Any, Any]
     body: bytes
+    properties: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ReadReport:
-    """How a read went. ``read``: entries handed to the callback; ``first_offset`` /
-    ``last_offset``: of those; ``resumed_from``: the stored offset it resumed after (None:
-    started at ``start``); ``removed``: offsets retention removed before the reader got to
-    them (an upper bound on messages); ``stopped``: ``limit`` or ``idle``."""
+    """How a read went. ``read``: entries handed to the callback; ``skipped``: (offset,
+    reason) of the entries that could not be made a StreamEntry (never expected: the reader
+    reads every legal AMQP value, and skips rather than stopping for good); ``first_offset`` /
+    ``last_offset``: of the entries processed (read or skipped); ``resumed_from``: the stored
+    offset it resumed after (None: started at ``start``); ``removed``: offsets retention
+    removed before the reader got to them (an upper bound on messages); ``stopped``: ``limit``
+    or ``idle``."""
 
     read: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
     first_offset: int | None = None
     last_offset: int | None = None
     resumed_from: int | None = None
@@ -163,15 +173,20 @@ class StreamReader:
                     report.removed = removed_before(expected, offset)
                     report.removed_range = (expected, offset - 1)
                 try:
-                    on_entry(_entry(offset, method, properties, body))
-                except BaseException as e:
-                    raise _EntryFailed() from e
-                report.read += 1
+                    entry = _entry(offset, method, properties, body)
+                except Exception as e:  # never a reader's end: skipped, with the reason
+                    report.skipped.append((offset, f"{type(e).__name__}: {e}"))
+                else:
+                    try:
+                        on_entry(entry)
+                    except BaseException as e:
+                        raise _EntryFailed() from e
+                    report.read += 1
                 report.first_offset = offset if report.first_offset is None else report.first_offset
                 report.last_offset = offset
-                if report.read % self.store_every == 0:
+                if (report.read + len(report.skipped)) % self.store_every == 0:
                     self._store(report)
-                if limit is not None and report.read >= limit:
+                if limit is not None and report.read + len(report.skipped) >= limit:
                     report.stopped = "limit"
                     break
             # No basic.cancel: pika's would nack the deliveries it holds, which a stream refuses
@@ -215,14 +230,35 @@ class _EntryFailed(Exception):
 
 
 def _entry(offset: int, method: Any, properties: Any, body: bytes) -> StreamEntry:
-    headers = dict(properties.headers or {})
-    stamp = properties.timestamp
+    """The entry for one delivery; total over every legal AMQP value (a timestamp past year
+    9999 - which RabbitMQ accepts from any publisher - used to stop the reader for good)."""
+    headers = properties.headers
+    message_id = properties.message_id
     return StreamEntry(
         offset=offset,
-        message_id=properties.message_id,
-        exchange=method.exchange,
-        routing_key=method.routing_key,
-        timestamp=datetime.fromtimestamp(stamp, UTC) if isinstance(stamp, int) else None,
-        headers=headers,
+        message_id=message_id if isinstance(message_id, str) else None,
+        exchange=_text(method.exchange),
+        routing_key=_text(method.routing_key),
+        timestamp=_utc(properties.timestamp),
+        headers=dict(headers) if isinstance(headers, dict) else {},
         body=bytes(body),
+        properties={**properties_of(properties), **_set(message_id=message_id)},
     )
+
+
+def _set(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
+def _utc(stamp: Any) -> datetime | None:
+    """An AMQP timestamp (seconds) as a UTC datetime; None when unset or out of range."""
+    if not isinstance(stamp, int):
+        return None
+    try:
+        return datetime.fromtimestamp(stamp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from amqp_lab.errors import AmqpLabError, ConfigurationError, error_text
-from amqp_lab.observability.logs import JsonFormatter, json_line
+from amqp_lab.observability.logs import JsonFormatter, TextFormatter, json_line
+from amqp_lab.oneline import one_line
 from amqp_lab.settings import BrokerSettings, mask_url
 from amqp_lab.topology import (
     DEFAULT_DELIVERY_LIMIT,
@@ -79,11 +80,9 @@ def run(main: Callable[[], int]) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-    logging.basicConfig(
-        level=os.environ.get("EAI_LOG_LEVEL", "WARNING"),
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TextFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=os.environ.get("EAI_LOG_LEVEL", "WARNING"), handlers=[handler])
     # pika logs basic.return at WARNING and failed connection attempts with tracebacks at
     # ERROR; the scripts report both themselves, as one line each.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
@@ -112,7 +111,7 @@ def _error_line(text: str) -> None:
     if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
         print(json_line("error", level="error", message=text), file=sys.stderr)
     else:
-        print(f"error: {text}", file=sys.stderr)
+        print(f"error: {one_line(text)}", file=sys.stderr)
 
 
 def add_topology_option(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from amqp_lab.dlq.audit_log import AuditLog
 from amqp_lab.dlq.fingerprint import selects
 from amqp_lab.dlq.ops import DeleteResult, ReplayResult, browse, delete, depth, replay
-from amqp_lab.dlq.record import DlqEntry
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from amqp_lab.dlq.record import DlqEntry, parse_time, utc_iso
+from amqp_lab.dlq.record import utc_iso
+from amqp_lab.dlq.view import DlqEntry, parse_time
 from amqp_lab.errors import (
     AccessRefused,
     AmqpLabError,

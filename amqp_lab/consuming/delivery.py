@@ -15,6 +15,7 @@ from amqp_lab.consuming.settlement import attempt_number
 from amqp_lab.errors import InvalidMessage, error_text
 from amqp_lab.message import Task, decode_body, header_attempts, properties_of
 from amqp_lab.observability.tracing import trace_id_of
+from amqp_lab.oneline import one_line
 
 __all__ = ["Delivery", "DeliveryReport", "prepare"]
 
@@ -72,9 +73,13 @@ class DeliveryReport:
         )
 
     def line(self) -> str:
-        """The report as one line for people: ``message_id=.. outcome=.. attempts=..``."""
+        """The report as one line for people: ``message_id=.. outcome=.. attempts=..``. One
+        line whatever the message carried: the message_id is escaped
+        (:func:`amqp_lab.oneline.one_line`), the error is quoted by ``repr``, which escapes
+        every line break and control character too."""
+        message_id = "None" if self.message_id is None else one_line(self.message_id)
         text = (
-            f"message_id={self.message_id} outcome={self.outcome} attempts={self.attempts} "
+            f"message_id={message_id} outcome={self.outcome} attempts={self.attempts} "
             f"redelivered={str(self.redelivered).lower()}"
         )
         if self.wait is not None:

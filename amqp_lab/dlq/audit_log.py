@@ -22,7 +22,8 @@ from pathlib import Path, PurePath
 from types import TracebackType
 from typing import Any, TextIO
 
-from amqp_lab.dlq.record import DlqEntry, utc_iso
+from amqp_lab.dlq.record import utc_iso
+from amqp_lab.dlq.view import DlqEntry
 
 __all__ = ["DEFAULT_AUDIT_LOG", "AuditLog", "audit_line"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from amqp_lab.dlq.record import DlqEntry, parse_time
+from amqp_lab.dlq.view import DlqEntry, parse_time
 
 __all__ = [
     "FINGERPRINT_CHARS",

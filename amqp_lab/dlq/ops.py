@@ -18,7 +18,7 @@ from typing import Any
 import pika.exceptions as pe
 
 from amqp_lab.connection import open_channel, translate
-from amqp_lab.dlq.record import DlqEntry, replay_message, view_of
+from amqp_lab.dlq.view import DlqEntry, replay_message, view_of
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.observability.tracing import replay_span
 from amqp_lab.publishing.blocking import Publisher

@@ -11,11 +11,8 @@ Two kinds of message can sit in the DLQ:
 * a **raw** message moved by the broker's DLX after basic.reject(requeue=False): its original
   body and properties with an ``x-death`` header (https://www.rabbitmq.com/docs/dlx#effects).
 
-:func:`view_of` reads both (and format 1 records) into one :class:`DlqEntry`;
-:func:`replay_message` rebuilds the original message from it: the same body bytes, headers of
-the same types and bytes, the same properties, to the original exchange and routing key. Only
-amqp-lab's bookkeeping headers start afresh (``attempts`` 0; no first_seen_at /
-original_exchange / original_routing_key) and the broker's x-death family is dropped.
+:mod:`amqp_lab.dlq.view` reads both (and format 1 records) into one ``DlqEntry`` and
+rebuilds the original message from it for a replay; this module writes records.
 """
 
 from __future__ import annotations
@@ -23,17 +20,14 @@ from __future__ import annotations
 import base64
 import json
 import traceback
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.errors import error_text
-from amqp_lab.fieldtable import FieldTableError, from_typed, table_from_typed, typed_table
+from amqp_lab.fieldtable import typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
-    FIRST_SEEN_HEADER,
     JSON,
-    REPLAYED_PROPERTIES,
     OutgoingMessage,
     encode_json,
     original_destination,
@@ -45,9 +39,6 @@ __all__ = [
     "MAX_TRACEBACK_CHARS",
     "RECORD_FORMAT",
     "RECORD_TYPE",
-    "DlqEntry",
-    "DlqSummary",
-    "Selection",
     "bounded_traceback",
     "build_record",
     "decode_payload",
@@ -55,12 +46,8 @@ __all__ = [
     "encode_record",
     "fallback_record",
     "json_depth",
-    "parse_time",
     "record_message",
-    "replay_message",
-    "summarize",
     "utc_iso",
-    "view_of",
 ]
 
 RECORD_TYPE = "dlq-record"
@@ -221,8 +208,11 @@ def fallback_record(
 def encode_record(record: dict[str, Any]) -> bytes:
     """The record's JSON body: compact, sorted keys, ASCII - an exception message may hold a
     lone surrogate (``surrogateescape``, ``os.fsdecode``) that UTF-8 cannot encode; JSON
-    escapes keep it. Never raises for a record built here."""
-    return json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+    escapes keep it - and standard (no NaN or Infinity: a float header that is one is in the
+    typed encoding, as its IEEE bits). Never raises for a record built here."""
+    return json.dumps(
+        record, separators=(",", ":"), sort_keys=True, ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def record_message(record: dict[str, Any], dlx: str, routing_key: str) -> OutgoingMessage:
@@ -237,235 +227,3 @@ def record_message(record: dict[str, Any], dlx: str, routing_key: str) -> Outgoi
         headers={ATTEMPTS_HEADER: record["attempts"]},
         type=RECORD_TYPE,
     )
-
-
-@dataclass(frozen=True)
-class DlqEntry:
-    """One DLQ message as a person reads it, whichever way it got there. ``headers`` and
-    ``properties`` hold real values (the types the message carried)."""
-
-    message_id: str | None
-    source: str  # "record", "x-death" or "raw"
-    error_type: str
-    error_message: str
-    classification: str
-    attempts: int | None  # None: unknown (moved by the broker's DLX, not by our record)
-    first_seen_at: str | None
-    last_failed_at: str | None
-    exchange: str
-    routing_key: str
-    payload: Any
-    payload_encoding: str
-    headers: dict[Any, Any]
-    properties: dict[str, Any] = field(default_factory=dict)
-    traceback: str | None = None
-    queue: str | None = None  # the queue it failed in (the record's, or x-death's latest)
-    x_death: list[Any] | None = None  # the broker's x-death array, where it had one
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-safe, lossless: headers and properties in the typed encoding."""
-        return {
-            "message_id": self.message_id,
-            "source": self.source,
-            "error": {"type": self.error_type, "message": self.error_message},
-            "classification": self.classification,
-            "attempts": self.attempts,
-            "first_seen_at": self.first_seen_at,
-            "last_failed_at": self.last_failed_at,
-            "original": {"exchange": self.exchange, "routing_key": self.routing_key},
-            "payload": self.payload,
-            "payload_encoding": self.payload_encoding,
-            "headers": typed_table(self.headers),
-            "properties": typed_table(self.properties),
-            "traceback": self.traceback,
-        }
-
-
-def view_of(body: bytes, properties: Any) -> DlqEntry:
-    """Read a DLQ message (a record - JSON or raw form - or a raw message with x-death) into a
-    :class:`DlqEntry`. ``properties``: the delivery's basic properties (attributes as pika's
-    BasicProperties)."""
-    headers = getattr(properties, "headers", None)
-    if getattr(properties, "type", None) == RECORD_TYPE and isinstance(headers, dict):
-        from amqp_lab.dlq.raw_record import RAW_RECORD_HEADER, raw_record_parts
-
-        if RAW_RECORD_HEADER in headers:
-            try:
-                meta, payload, encoding = raw_record_parts(body, headers)
-                return _view_of_record(meta | {"payload": payload, "payload_encoding": encoding})
-            except (ValueError, KeyError, TypeError, AttributeError, FieldTableError):
-                pass  # a damaged record is shown raw below rather than hidden
-    if getattr(properties, "type", None) == RECORD_TYPE:
-        try:
-            return _view_of_record(json.loads(body))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, FieldTableError):
-            pass  # a damaged record is shown raw below rather than hidden
-    return _view_of_raw(body, properties)
-
-
-def _view_of_record(record: dict[str, Any]) -> DlqEntry:
-    error = record["error"]
-    if record.get("format", 1) >= 2:
-        headers = table_from_typed(record.get("headers") or [])
-        props = table_from_typed(record.get("properties") or [])
-    else:  # format 1: headers as plain JSON values, properties not kept
-        headers = dict(record.get("headers") or {})
-        props = {"content_type": record.get("content_type")}
-    return DlqEntry(
-        message_id=record.get("message_id"),
-        source="record",
-        error_type=str(error["type"]),
-        error_message=str(error["message"]),
-        classification=record.get("classification", "?"),
-        attempts=int(record.get("attempts", 0)),
-        first_seen_at=record.get("first_seen_at"),
-        last_failed_at=record.get("last_failed_at"),
-        exchange=record["original"]["exchange"],
-        routing_key=record["original"]["routing_key"],
-        payload=record.get("payload"),
-        payload_encoding=record.get("payload_encoding", "json"),
-        headers=headers,
-        properties=props,
-        traceback=error.get("traceback"),
-        queue=_text(record["original"]["queue"]) if record["original"].get("queue") else None,
-        x_death=_deaths(from_typed(record["x_death"])) if record.get("x_death") else None,
-    )
-
-
-def _view_of_raw(body: bytes, properties: Any) -> DlqEntry:
-    headers = dict(getattr(properties, "headers", None) or {})
-    deaths = headers.get("x-death") or []
-    first = deaths[0] if deaths and isinstance(deaths[0], dict) else {}
-    payload, encoding = encode_payload(body)
-    reason = _text(first.get("reason", "")) or "unknown"
-    keys = first.get("routing-keys") or [""]
-    exchange, routing_key = original_destination(
-        headers, _text(first.get("exchange", "")), _text(keys[0])
-    )
-    attempts_header = headers.get(ATTEMPTS_HEADER)
-    message_id = getattr(properties, "message_id", None)
-    return DlqEntry(
-        message_id=message_id if isinstance(message_id, str) else None,
-        source="x-death" if deaths else "raw",
-        error_type=f"dead-lettered:{reason}",
-        error_message=f"{reason} from queue {_text(first.get('queue', '?'))}" if deaths else "",
-        classification="rejected" if deaths else "?",
-        # x-death's count is how often the broker dead-lettered it, not how often it was tried;
-        # our header counts only republished retries. Unknown unless the header says more.
-        attempts=attempts_header if isinstance(attempts_header, int) and attempts_header else None,
-        first_seen_at=_time(headers.get(FIRST_SEEN_HEADER)),
-        last_failed_at=_time(first.get("time")),
-        exchange=exchange,
-        routing_key=routing_key,
-        payload=payload,
-        payload_encoding=encoding,
-        headers=headers,
-        properties={
-            name: getattr(properties, name, None)
-            for name in REPLAYED_PROPERTIES
-            if getattr(properties, name, None) is not None
-        },
-        queue=_text(first["queue"]) if "queue" in first else None,
-        x_death=_deaths(deaths),
-    )
-
-
-def _deaths(value: Any) -> list[Any] | None:
-    return list(value) if isinstance(value, list) and value else None
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _time(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return utc_iso(value.replace(tzinfo=value.tzinfo or UTC).timestamp())
-    if isinstance(value, int | float):
-        try:
-            return utc_iso(float(value))
-        except (OverflowError, OSError, ValueError):
-            return str(value)
-    return _text(value)
-
-
-def replay_message(entry: DlqEntry, exchange: str | None = None) -> OutgoingMessage:
-    """The original message to republish: the exact body, the same message_id, the publisher's
-    headers with their types and bytes, the properties of :data:`REPLAYED_PROPERTIES`, to the
-    original exchange and routing key (``exchange`` overrides the exchange). ``attempts``
-    restarts at 0; amqp-lab's other bookkeeping headers and the broker's x-death family are
-    dropped."""
-    headers = user_headers(entry.headers)
-    headers[ATTEMPTS_HEADER] = 0
-    props = {k: v for k, v in entry.properties.items() if k in REPLAYED_PROPERTIES}
-    content_type = props.pop("content_type", None)
-    if content_type is None and entry.source == "record" and entry.payload_encoding == "json":
-        content_type = JSON
-    return OutgoingMessage(
-        body=decode_payload(entry.payload, entry.payload_encoding),
-        message_id=entry.message_id or "",
-        exchange=entry.exchange if exchange is None else exchange,
-        routing_key=entry.routing_key,
-        content_type=content_type,
-        headers=headers,
-        **props,
-    )
-
-
-def parse_time(value: str | None) -> datetime | None:
-    """Parse our ISO 8601 timestamps (``...Z`` or with an offset); None stays None."""
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-@dataclass(frozen=True)
-class DlqSummary:
-    """``depth`` records; ``oldest_age`` seconds since the oldest ``last_failed_at`` (None when
-    no record carries a time); ``by_error_type`` counts, most frequent first."""
-
-    depth: int
-    oldest_age: float | None
-    by_error_type: tuple[tuple[str, int], ...]
-
-
-def summarize(entries: list[DlqEntry], now: datetime) -> DlqSummary:
-    """Summarize DLQ entries as of ``now`` (an aware datetime)."""
-    times = [t for t in (parse_time(e.last_failed_at) for e in entries) if t is not None]
-    oldest = (now - min(times)).total_seconds() if times else None
-    counts: dict[str, int] = {}
-    for entry in entries:
-        counts[entry.error_type] = counts.get(entry.error_type, 0) + 1
-    ranked = tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-    return DlqSummary(len(entries), oldest, ranked)
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which DLQ entries to replay: all given criteria must match. ``since`` / ``until`` bound
-    ``last_failed_at`` (inclusive); ``limit`` is applied by the caller, in DLQ order."""
-
-    message_id: str | None = None
-    error_type: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    key: str | None = None  # the ordered topology's entity key (the ``key`` header)
-
-    def matches(self, entry: DlqEntry) -> bool:
-        if self.message_id is not None and entry.message_id != self.message_id:
-            return False
-        if self.key is not None and entry.headers.get("key") != self.key:
-            return False
-        if self.error_type is not None and entry.error_type != self.error_type:
-            return False
-        if self.since is not None or self.until is not None:
-            failed = parse_time(entry.last_failed_at)
-            if failed is None:
-                return False
-            if self.since is not None and failed < self.since:
-                return False
-            if self.until is not None and failed > self.until:
-                return False
-        return True

@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line, for machines; text stays the default for people.
+"""Structured logs: one JSON object per line, for machines; text stays the default for people,
+one line per record too (:class:`TextFormatter`).
 
 :func:`report_event` turns a delivery report into the event a log pipeline indexes
 (message_id, outcome, attempts, queue, vhost, trace id...); :class:`JsonFormatter` renders
@@ -15,9 +16,17 @@ import time
 from typing import Any
 
 from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.oneline import one_line
 from amqp_lab.settings import mask_url
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "json_line", "report_event", "use_json_logs"]
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "TextFormatter",
+    "json_line",
+    "report_event",
+    "use_json_logs",
+]
 
 LOG_FORMATS = ("text", "json")
 
@@ -88,6 +97,17 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             extra["exception"] = self.formatException(record.exc_info)
         return json_line("log", level=record.levelname.lower(), ts=record.created, **extra)
+
+
+class TextFormatter(logging.Formatter):
+    """A ``logging`` formatter for text logs that keeps one line per record: the formatted
+    record (message, and a traceback when there is one) with every line break and control
+    character escaped by :func:`amqp_lab.oneline.one_line` - a message_id or an error a
+    publisher chose cannot start a line that reads as another event."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line."""
+        return one_line(super().format(record))
 
 
 def use_json_logs(**fields: Any) -> None:

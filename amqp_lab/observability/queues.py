@@ -8,8 +8,10 @@ custom collector that asks the broker on every scrape, over one short AMQP conne
   variant and the wait queues that exist: ready messages and consumers, exact (no statistics
   lag, no management plugin needed);
 * the DLQ's head: ``basic.get`` of ONE message without ack, its ``last_failed_at`` read with
-  :func:`amqp_lab.dlq.record.view_of`, then ``basic.nack(requeue=True)``, which puts it back
-  at its position (https://www.rabbitmq.com/docs/confirms#consumer-nacks-requeue); a
+  :func:`amqp_lab.dlq.view.view_of` (whatever a publisher put there: a time that does not
+  read as ISO 8601 is no time, and a time without a zone is UTC), then
+  ``basic.nack(requeue=True)``, which puts it back at its position
+  (https://www.rabbitmq.com/docs/confirms#consumer-nacks-requeue); a
   synchronous call on the same channel follows, so the message is back before the connection
   closes. The head is the oldest record. Nothing is consumed; the head's redelivered flag is
   set, and on a quorum DLQ before 4.3 the return counts in ``x-delivery-count`` (the quorum
@@ -34,7 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.dlq.record import parse_time, view_of
+from amqp_lab.dlq.view import time_of, view_of
 from amqp_lab.errors import AmqpLabError, NotFound
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
@@ -127,10 +129,8 @@ def _head_age(channel: Any, dlq: str, now: float) -> float | None:
     method, properties, body = channel.basic_get(dlq, auto_ack=False)
     if method is None:
         return 0.0
-    try:
-        failed_at = parse_time(view_of(body, properties).last_failed_at)
-    except ValueError:  # a raw message with an x-death time we cannot read
-        failed_at = None
+    try:  # view_of reads whatever a publisher put there; an unreadable time is no time
+        failed_at = time_of(view_of(body, properties).last_failed_at)
     finally:
         channel.basic_nack(method.delivery_tag, multiple=False, requeue=True)
         channel.queue_declare(dlq, passive=True)

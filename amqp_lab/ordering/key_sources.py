@@ -104,19 +104,30 @@ class HeaderKeys:
 
 
 def keys_from_headers(headers: Iterable[dict[Any, Any] | None]) -> HeaderKeys:
-    """The ``key`` header of each message (a string; bytes are read as UTF-8, replacing bad
-    bytes); messages without it, or with an empty or non-text one, count as unkeyed."""
+    """The ``key`` header of each message (a string; bytes are read as UTF-8, bad bytes as
+    ``\\xNN``). Messages without it, or with one that no ordered message can carry - empty,
+    not text, or over 255 bytes (no routing key holds it; a foreign publisher may send any
+    header), or with a lone surrogate (a DLQ record's typed headers can hold one) - count as
+    unkeyed."""
     keys: list[str] = []
     unkeyed = 0
     for table in headers:
-        value = (table or {}).get(KEY_HEADER)
+        value = (table or {}).get(KEY_HEADER) if isinstance(table, dict) else None
         if isinstance(value, bytes):
             value = value.decode("utf-8", "backslashreplace")
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and 0 < _utf8_size(value) <= 255:
             keys.append(value)
         else:
             unkeyed += 1
     return HeaderKeys(tuple(keys), unkeyed)
+
+
+def _utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8; 0 for a string with a lone surrogate (no routing key)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return 0
 
 
 def dlq_keys(settings: BrokerSettings, queue: str, limit: int | None = None) -> HeaderKeys:

@@ -8,17 +8,22 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import pika
 import pytest
 
 from amqp_lab.audit import OffsetStore, StreamEntry, StreamReader
+from amqp_lab.errors import PublishFailed
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.publishing.blocking import Publisher
+from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology, with_stream_audit
+from amqp_lab.wire import AmqpProperties
 from tests.brokers import TestBroker
-from tests.support import NAMES, ROOT, one_error_line, run_script, wait_for
+from tests.support import NAMES, ROOT, one_error_line, run_script, strict_json, wait_for
 
 pytestmark = pytest.mark.integration
 AUDIT = "q:tasks:audit"
@@ -177,7 +182,7 @@ def test_the_script_reads_resumes_and_fails_in_one_line(
     assert first.returncode == 0, first.stderr
     rest = run_script(vhost, "audit.py", "read", "--json", *common)
     assert rest.returncode == 0, rest.stderr
-    rows = [json.loads(line) for line in (first.stdout + rest.stdout).splitlines()]
+    rows = [strict_json(line) for line in (first.stdout + rest.stdout).splitlines()]
     assert [r["message_id"] for r in rows] == [f"m-{n}" for n in range(6)]
     info = run_script(vhost, "audit.py", "info")
     assert info.returncode == 0 and "type stream" in info.stdout, info.stderr
@@ -187,3 +192,115 @@ def test_the_script_reads_resumes_and_fails_in_one_line(
     classic = run_script(vhost, "audit.py", "--stream", "q:tasks", "read")
     assert classic.returncode == 1
     assert "cannot be read as a stream" in one_error_line(classic.stderr)
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused_from"),
+    [({"headers": {"amount": Decimal("1.50")}}, (3, 10)), ({"reply_to": b"\xff"}, (4, 3))],
+    ids=["decimal-header", "reply_to-not-utf8"],
+)
+def test_what_a_stream_refuses_on_its_way_in(
+    vhost: BrokerSettings,
+    broker: TestBroker,
+    fields: dict[str, Any],
+    refused_from: tuple[int, int],
+) -> None:
+    """Two legal messages a classic queue takes and a stream does not: RabbitMQ closes the
+    publisher's connection (541 INTERNAL_ERROR, no confirm) for a decimal header (3.10, 4.0,
+    4.3) and for a reply_to that is not UTF-8 (4.3), whether published to the stream or to an
+    exchange that routes a copy there (docs/audit-stream.md)."""
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    outcomes = []
+    for target in (("", NAMES.dlq), ("", AUDIT), (NAMES.exchange, NAMES.routing_key)):
+        connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish(*target, b"{}", AmqpProperties(**fields), mandatory=True)
+            outcomes.append("confirmed")
+        except pika.exceptions.ConnectionClosedByBroker as e:
+            outcomes.append(f"closed {e.reply_code}")
+        finally:
+            if connection.is_open:
+                connection.close()
+    major, minor = (int(part) for part in broker.version.split(".")[:2])
+    refused = (major, minor) >= refused_from
+    stream = "closed 541" if refused else "confirmed"
+    assert outcomes == ["confirmed", stream, stream]  # the DLQ is a classic queue
+    if refused:  # amqp-lab's publisher: retried on a new connection, then a clear failure
+        message = OutgoingMessage(
+            b"{}", "m-1", exchange=NAMES.exchange, routing_key=NAMES.routing_key, **fields
+        )
+        retry = PublishRetry(max_attempts=2, base=0.01)
+        with Publisher(vhost, retry) as publisher, pytest.raises(PublishFailed, match="541"):
+            publisher.publish(message)
+
+
+def test_legal_values_a_foreign_publisher_sent_are_read_and_the_reader_goes_on(
+    vhost: BrokerSettings, tmp_path: Path
+) -> None:
+    """A timestamp past year 9999 stopped the reader for good (ValueError, at the same offset
+    on every resume); a message_id that is not UTF-8, or holds a newline, broke or forged
+    audit.py's lines."""
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    sent: list[dict[str, Any]] = [
+        {"message_id": "m-1", "timestamp": 253402300800},  # year 10000
+        {"message_id": b"m-\xff", "timestamp": 2**40},
+        {"message_id": "m-3\nforged 4 m-4", "headers": {"x": "a\u2028b"}},
+    ]
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for fields in sent:
+            channel.basic_publish("", AUDIT, b"line 1\nline 2", AmqpProperties(**fields))
+    finally:
+        connection.close()
+    common = ("--resume", "r", "--offsets-file", str(tmp_path / "o.json"), "--idle-exit", "1")
+    text = run_script(vhost, "audit.py", "read", "--from", "first", *common)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 3 and "3 entries read" in text.stderr, text.stdout + text.stderr
+    assert "m-1" in lines[0] and "253402300800" in lines[0]
+    assert "m-\\xff" in lines[1] and "m-3\\nforged 4 m-4" in lines[2]
+    again = run_script(vhost, "audit.py", "read", *common)  # resumes after the last one
+    assert (again.returncode, again.stdout) == (0, ""), again.stderr
+    rows = [
+        strict_json(line)
+        for line in run_script(
+            vhost, "audit.py", "read", "--from", "first", "--json", "--idle-exit", "1"
+        ).stdout.splitlines()
+    ]
+    assert [r["message_id"] for r in rows] == ["m-1", None, "m-3\nforged 4 m-4"]
+    assert rows[0]["timestamp"] is None
+    assert ["timestamp", {"l": 253402300800}] in rows[0]["properties"]
+    assert ["message_id", {"x": "bS3/"}] in rows[1]["properties"]  # the exact bytes
+    assert ["x", {"S": "a\u2028b"}] in rows[2]["headers"]
+    assert {r["body"] for r in rows} == {"line 1\nline 2"}
+
+
+def test_an_entry_the_reader_cannot_make_is_skipped_with_its_reason(
+    vhost: BrokerSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No legal value is known to need it (every one is read): should one appear, it costs
+    one entry, reported with its offset and reason, never the reader's end."""
+    from amqp_lab.audit import reader as module
+
+    apply_stream(vhost, max_length_bytes=10_000_000)
+    publish(vhost, 0, 3)
+    make = module._entry
+
+    def fragile(offset: int, method: Any, properties: Any, body: bytes) -> StreamEntry:
+        if properties.message_id == "m-1":
+            raise RuntimeError("boom")
+        return make(offset, method, properties, body)
+
+    monkeypatch.setattr(module, "_entry", fragile)
+    store = OffsetStore(tmp_path / "o.json")
+    reader = StreamReader(vhost, AUDIT, store=store, name="r")
+    entries: list[StreamEntry] = []
+    report = reader.read(entries.append, "first", idle_timeout=1.0)
+    assert ids(entries) == ["m-0", "m-2"]
+    ((offset, reason),) = report.skipped
+    assert reason == "RuntimeError: boom" and entries[0].offset < offset < entries[1].offset
+    assert (report.read, reader.stored_offset()) == (2, entries[1].offset)

@@ -3,7 +3,6 @@ themselves, and whether they meet the targets, belong to the benchmark)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import pytest
 
 from amqp_lab.settings import BrokerSettings
 from tests.pgsupport import ADMIN_URL, postgres_answers
-from tests.support import ROOT, script_env
+from tests.support import ROOT, script_env, strict_json
 
 pytestmark = [pytest.mark.integration]
 
@@ -38,7 +37,7 @@ def test_concurrency_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> 
         timeout=170,
     )
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = strict_json(result.stdout.strip().splitlines()[-1])
     expected = ["baseline", "threads", "processes_sqlite"]
     if with_postgres:
         expected.append("processes_postgres")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from typing import Any
@@ -11,7 +10,7 @@ import pytest
 
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
-from tests.support import ROOT, script_env
+from tests.support import ROOT, script_env, strict_json
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +29,7 @@ def run_bench(settings: BrokerSettings, *args: str) -> subprocess.CompletedProce
 
 def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    return dict(strict_json(result.stdout.strip().splitlines()[-1]))
 
 
 def bench_queues(settings: BrokerSettings) -> list[str]:

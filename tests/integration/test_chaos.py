@@ -7,7 +7,6 @@ summary."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections import Counter
 from contextlib import closing
@@ -21,7 +20,7 @@ from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
 from tests.pgsupport import temp_database
-from tests.support import ready_count, run_script
+from tests.support import ready_count, run_script, strict_json
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +42,7 @@ def chaos(settings: BrokerSettings, *args: str) -> tuple[dict[str, Any], str]:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    summary: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    summary: dict[str, Any] = strict_json(result.stdout.splitlines()[-1])
     assert list(summary)[: len(REQUIRED)] == list(REQUIRED)
     return summary, result.stdout
 

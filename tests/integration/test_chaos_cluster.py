@@ -6,7 +6,6 @@ the queue's Raft term are read directly, not only through the summary."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -22,7 +21,7 @@ from amqp_lab.dedup import open_store
 from amqp_lab.settings import BrokerSettings
 from lab.cluster import DEFAULT_IMAGE, Cluster
 from tests.brokers import require_image
-from tests.support import run_script
+from tests.support import run_script, strict_json
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +84,7 @@ def test_leader_kills_lose_nothing_and_apply_nothing_twice(
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    summary: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    summary: dict[str, Any] = strict_json(result.stdout.splitlines()[-1])
     print(f"cluster chaos took {time.monotonic() - started:.0f}s: {summary['failovers']}")
     assert {k: summary[k] for k in ("published_confirmed", "distinct_ledger_ids", "in_dlq")} == {
         "published_confirmed": 200,

@@ -5,7 +5,6 @@ is also read directly, not only through the summary."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import defaultdict
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from amqp_lab.settings import BrokerSettings
 from lab.chaos_ordered import parse_message_id
-from tests.support import run_script
+from tests.support import run_script, strict_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
@@ -31,7 +30,7 @@ def test_ordered_crash_test_keeps_every_key_in_order(vhost: BrokerSettings, tmp_
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    summary: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    summary: dict[str, Any] = strict_json(result.stdout.splitlines()[-1])
     assert {
         k: summary[k]
         for k in ("published_confirmed", "keys", "lost", "applied_twice", "out_of_order", "in_dlq")

@@ -16,6 +16,7 @@ from tests.support import (
     ready_count,
     run_script,
     run_worker,
+    strict_json,
     wait_ready_count,
 )
 
@@ -35,9 +36,9 @@ def test_listing_does_not_consume_and_keeps_order(dead: BrokerSettings) -> None:
     first = run_script(dead, "dlq.py", "--json")
     second = run_script(dead, "dlq.py", "--json")
     assert first.returncode == 0, first.stderr
-    rows = [json.loads(line) for line in first.stdout.splitlines()]
+    rows = [strict_json(line) for line in first.stdout.splitlines()]
     assert [r["message_id"] for r in rows] == [
-        json.loads(line)["message_id"] for line in second.stdout.splitlines()
+        strict_json(line)["message_id"] for line in second.stdout.splitlines()
     ]
     assert sorted(r["message_id"] for r in rows) == ["m-bad", "m-invalid"]
     wait_ready_count(dead, "q:tasks:dlq", 2)
@@ -102,7 +103,7 @@ def test_replay_of_reject_mode_message_strips_x_death(
 ) -> None:
     publish(topology, ("invalid", "m-invalid"))
     run_worker(topology, tmp_path, "--dead-letter", "reject")
-    listed = [json.loads(x) for x in run_script(topology, "dlq.py", "--json").stdout.splitlines()]
+    listed = [strict_json(x) for x in run_script(topology, "dlq.py", "--json").stdout.splitlines()]
     assert [(r["message_id"], r["source"], r["error"]["type"]) for r in listed] == [
         ("m-invalid", "x-death", "dead-lettered:rejected")
     ]

@@ -5,7 +5,6 @@ of a skewed sample, 0 on a uniform one, and reads the real shard queues with --l
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from amqp_lab.ordering.key_sources import zipf_sample
 from amqp_lab.ordering.probe import PLUGIN_MISSING, probe_placement
 from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker
-from tests.support import run_script, wait_for, wait_ready_count
+from tests.support import run_script, strict_json, wait_for, wait_ready_count
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +129,7 @@ def test_report_audit_reads_key_headers_and_leaves_the_messages(topology: Broker
         channel.basic_publish("", audit, b"{}")  # no key header
     result = run_script(topology, "keys.py", "report", "--audit", "--offline", "--json")
     assert result.returncode == 2, result.stderr
-    report = json.loads(result.stdout)
+    report = strict_json(result.stdout)
     assert (report["messages"], report["distinct_keys"], report["unkeyed"]) == (10, 3, 1)
     top = report["top_keys"][0]
     assert (top["key"], top["count"], top["share"]) == ("hot", 8, 0.8)
@@ -151,6 +150,6 @@ def test_report_audit_reads_a_stream_audit_from_its_first_offset(vhost: BrokerSe
     for _ in range(2):  # a stream is read, never consumed: the second report is the same
         result = run_script(vhost, "keys.py", "report", "--audit", "--offline", "--json")
         assert result.returncode == 2, result.stdout + result.stderr
-        report = json.loads(result.stdout)
+        report = strict_json(result.stdout)
         assert (report["messages"], report["distinct_keys"]) == (10, 3)
         assert report["top_keys"][0]["key"] == "hot"

@@ -12,6 +12,8 @@ from amqp_lab.errors import MessageNacked, MessageUnroutable, NotFound
 from amqp_lab.management import ManagementClient
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.topology import apply_topology, load_topology
+from amqp_lab.topology.ordered import with_ordered
 from lab.handler import task_message
 from tests.support import get_all, parse_lines, ready_count, run_script, wait_for
 
@@ -152,3 +154,61 @@ def test_missing_exchange_fails_at_first_publish_and_replaces_channel(
     rows = parse_lines(result.stdout)
     assert [r["status"] for r in rows] == ["failed"]
     assert "stopped: 9 message(s) not sent" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("NaN", "--body is not JSON: NaN is not a JSON number"),
+        ('{"amount": Infinity}', "--body is not JSON: Infinity is not a JSON number"),
+        ("[-Infinity]", "--body is not JSON: -Infinity is not a JSON number"),
+        ('{"name": "\\ud800"}', "--body cannot be sent as JSON: a string holds '\\ud800'"),
+        ('"\udcff"', "--body is not UTF-8: byte 0xff"),  # an argument that is not UTF-8
+    ],
+    ids=["nan", "infinity", "-infinity", "lone-surrogate", "not-utf8"],
+)
+def test_a_body_that_is_not_standard_json_is_refused_in_one_line(
+    vhost: BrokerSettings, body: str, reason: str
+) -> None:
+    result = run_script(vhost, "publish.py", "--body", body)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and reason in errors[0], result.stderr
+    assert result.stdout == ""  # refused before connecting: nothing published
+
+
+def test_an_ordered_json_body_goes_by_its_key(vhost: BrokerSettings) -> None:
+    """publish.py --ordered N --key K --body JSON was refused with 'give each message a key'."""
+    names = with_ordered(load_topology(), shards=2).names
+    apply_topology(vhost, with_ordered(load_topology(), shards=2))
+    one = run_script(
+        vhost,
+        "publish.py",
+        "--ordered",
+        "2",
+        "--key",
+        "order-7",
+        "--body",
+        '{"order": 7}',
+        "--message-id",
+        "o-7",
+    )
+    assert (one.returncode, one.stdout) == (0, "message_id=o-7 status=confirmed\n"), one.stderr
+    spread = run_script(
+        vhost, "publish.py", "--ordered", "2", "--keys", "3", "--count", "3", "--body", "[1]"
+    )
+    assert spread.returncode == 0, spread.stdout + spread.stderr
+    by_hand = run_script(
+        vhost, "publish.py", "--ordered", "2", "--routing-key", "r-1", "--body", "{}"
+    )
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    sent = [(m, p, b) for q in names.shard_queues for m, p, b in get_all(vhost, q)]
+    by_key = {m.routing_key: (p.headers, b, p.content_type) for m, p, b in sent}
+    assert by_key == {
+        "order-7": ({"attempts": 0, "key": "order-7"}, b'{"order":7}', "application/json"),
+        "key-1": ({"attempts": 0, "key": "key-1"}, b"[1]", "application/json"),
+        "key-2": ({"attempts": 0, "key": "key-2"}, b"[1]", "application/json"),
+        "key-3": ({"attempts": 0, "key": "key-3"}, b"[1]", "application/json"),
+        "r-1": ({"attempts": 0}, b"{}", "application/json"),
+    }

@@ -35,7 +35,7 @@ from amqp_lab.console.present import (
     short_time,
 )
 from amqp_lab.dlq.audit_log import AuditLog, audit_line
-from amqp_lab.dlq.record import DlqEntry
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.errors import (
     AccessRefused,
     AuthenticationFailed,

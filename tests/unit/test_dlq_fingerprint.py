@@ -21,7 +21,8 @@ from amqp_lab.dlq.fingerprint import (
     selects,
     top_frame,
 )
-from amqp_lab.dlq.record import RECORD_TYPE, DlqEntry, build_record, record_message, view_of
+from amqp_lab.dlq.record import RECORD_TYPE, build_record, record_message
+from amqp_lab.dlq.view import DlqEntry, view_of
 from amqp_lab.message import encode_json
 
 pytestmark = pytest.mark.unit

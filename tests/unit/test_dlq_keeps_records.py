@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqp_lab.dlq.raw_record import RAW_RECORD_HEADER, raw_record_message
-from amqp_lab.dlq.record import RECORD_TYPE, build_record, replay_message, view_of
+from amqp_lab.dlq.record import RECORD_TYPE, build_record
+from amqp_lab.dlq.view import replay_message, view_of
 from amqp_lab.errors import BusinessError
 from amqp_lab.fieldtable import TaggedInt
 from amqp_lab.message import MAX_PROPERTIES_BYTES, PROPERTY_NAMES, OutgoingMessage, user_headers

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from amqp_lab.dlq.record import (
     MAX_PAYLOAD_DEPTH,
     RECORD_TYPE,
-    DlqEntry,
     bounded_traceback,
     build_record,
     decode_payload,
@@ -26,10 +25,9 @@ from amqp_lab.dlq.record import (
     fallback_record,
     json_depth,
     record_message,
-    replay_message,
     utc_iso,
-    view_of,
 )
+from amqp_lab.dlq.view import DlqEntry, replay_message, view_of
 from amqp_lab.errors import BusinessError
 from amqp_lab.fieldtable import encode_table
 from amqp_lab.message import (

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amqp_lab import message
-from amqp_lab.errors import BusinessError, InvalidMessage
+from amqp_lab.errors import BusinessError, ConfigurationError, InvalidMessage, UnencodableMessage
 from amqp_lab.message import (
     JSON,
     OutgoingMessage,
@@ -21,6 +21,7 @@ from amqp_lab.message import (
     encode_json,
     header_attempts,
 )
+from amqp_lab.topology.model import Names
 from lab.handler import task_message
 
 pytestmark = pytest.mark.unit
@@ -192,7 +193,11 @@ def test_invalid_message_is_a_business_error() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)  # standard JSON has neither
+    | st.text(),
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
@@ -277,3 +282,69 @@ def test_properties_larger_than_one_frame_are_refused_before_sending() -> None:
     big = OutgoingMessage(body=b"{}", message_id="m", headers={"pad": "x" * MAX_PROPERTIES_BYTES})
     with pytest.raises(UnencodableMessage, match="more than one frame carries"):
         big.sealed_properties()
+
+
+# --- standard JSON: publishing refuses NaN and Infinity -------------------------------------------
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), float("-inf"), {"a": [1, float("nan")]}]
+)
+def test_encode_json_refuses_nan_and_infinity_in_one_line(value: Any) -> None:
+    with pytest.raises(ValueError, match="NaN or Infinity") as error:
+        encode_json(value)
+    assert len(str(error.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["\ud800", {"k": "a\udcffb"}, {"\udc80": 1}])
+def test_encode_json_refuses_a_lone_surrogate_in_one_line(value: Any) -> None:
+    with pytest.raises(ValueError, match="lone surrogate") as error:
+        encode_json(value)
+    assert "\\ud" in str(error.value)  # named, escaped: the line itself is printable UTF-8
+    str(error.value).encode()
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"a": -Infinity}'])
+def test_decode_json_refuses_what_python_accepts_beyond_the_standard(text: str) -> None:
+    assert json.loads(text) is not None  # Python's parser takes it...
+    with pytest.raises(ValueError, match="not a JSON number"):
+        message.decode_json(text)  # ...the standard does not
+
+
+def test_decode_json_reads_standard_json() -> None:
+    assert message.decode_json(b'{"a": [1, 2.5e300, "\\u00e9", null]}') == {
+        "a": [1, 2.5e300, "é", None]
+    }
+
+
+def test_message_for_refuses_a_body_standard_json_cannot_carry() -> None:
+    names = Names("tasks", "task", "q:tasks", "tasks.dlx", "q:tasks:dlq")
+    for body in ({"amount": float("nan")}, [float("inf")], "\ud800"):
+        with pytest.raises(UnencodableMessage, match="message_id='m-1': the body is not standard"):
+            message.message_for(names, body, message_id="m-1")
+    assert message.message_for(names, {"a": 1.5}, message_id="m-1").body == b'{"a":1.5}'
+
+
+def test_message_for_refuses_a_key_that_is_not_unicode_text() -> None:
+    names = Names("tasks", "task", "q:tasks", "tasks.dlx", "q:tasks:dlq", shards=2)
+    with pytest.raises(ConfigurationError, match=r"1\.\.255 bytes of UTF-8"):
+        message.message_for(names, {}, key="k-\udcff")
+    assert message.message_for(names, {}, key="k-1").routing_key == "k-1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"exchange": "x" * 256}, "the exchange 'xxx"),
+        ({"routing_key": "k-\ud800"}, "the routing key 'k-\\ud800' is not Unicode text"),
+        ({"routing_key": "é" * 128}, "is longer than 255 bytes"),
+    ],
+)
+def test_an_exchange_or_routing_key_that_is_no_short_string_is_refused(
+    fields: dict[str, Any], reason: str
+) -> None:
+    """A replay of a damaged DLQ entry used to reach pika, whose failure inside basic.publish
+    looked like a lost connection and was retried."""
+    message = OutgoingMessage(b"{}", "m-1", **fields)
+    with pytest.raises(UnencodableMessage, match="message_id='m-1'") as error:
+        message.sealed_properties()
+    assert reason in str(error.value)
+    OutgoingMessage(b"{}", "m-1", exchange="x" * 255, routing_key="é" * 127).sealed_properties()

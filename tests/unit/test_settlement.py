@@ -275,4 +275,4 @@ def test_classify_never_raises_on_a_hostile_exception() -> None:
 
 
 def test_a_bool_status_code_is_not_an_http_status() -> None:
-    assert classify(StatusError(True)) is Outcome.UNKNOWN  # type: ignore[arg-type]
+    assert classify(StatusError(True)) is Outcome.UNKNOWN
