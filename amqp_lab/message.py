@@ -262,6 +262,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number (standard JSON has no NaN or Infinity)")
 
 
+_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def decode_json(text: str | bytes) -> Any:
     """Parse standard JSON (RFC 8259): as ``json.loads``, but ``NaN``, ``Infinity`` and
     ``-Infinity``, which Python's parser accepts, are refused, and bytes are UTF-8 (no
@@ -269,7 +272,7 @@ def decode_json(text: str | bytes) -> Any:
     UTF-8) or RecursionError (nested too deeply)."""
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
-    return json.loads(text, parse_constant=_refuse_constant)
+    return _STRICT_JSON.decode(text)
 
 
 def message_for(
@@ -375,7 +378,8 @@ def decode_body(
 ) -> Any:
     """The body as the handler receives it: the parsed JSON value for a JSON content type
     (:func:`is_json`), else the bytes. Raises InvalidMessage with the reason: too large, and
-    for JSON empty, not UTF-8, not JSON or nested too deeply."""
+    for JSON empty, not UTF-8, not standard JSON (``NaN`` and ``Infinity`` are refused, as
+    :func:`decode_json` does) or nested too deeply."""
     if len(body) > max_bytes:
         raise InvalidMessage(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
     if not is_json(content_type):
@@ -387,7 +391,7 @@ def decode_body(
     except UnicodeDecodeError as e:
         raise InvalidMessage(f"body is not UTF-8: {e.reason} at byte {e.start}") from e
     try:
-        return json.loads(text)
+        return _STRICT_JSON.decode(text)
     except ValueError as e:
         raise InvalidMessage(f"body is not JSON: {e}") from e
     except RecursionError as e:
