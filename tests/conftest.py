@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from amqp_lab.settings import BrokerSettings
 from tests.brokers import TestBroker, start_test_broker
+
+# No per-example deadline: on a loaded 2-core machine (CI runs tests side by side) one slow
+# example is not a failure; every test still has its pytest timeout.
+settings.register_profile("amqp-lab", deadline=None)
+settings.load_profile("amqp-lab")
 
 ROOT = Path(__file__).resolve().parent.parent
 _broker: TestBroker | None = None

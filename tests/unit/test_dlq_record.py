@@ -558,7 +558,7 @@ def test_replay_of_a_raw_x_death_message_restores_the_original_message(as_bytes:
     )
 
 
-@settings(database=None, max_examples=200)
+@settings(database=None, max_examples=200, deadline=None)
 @given(headers=field_tables, body=st.binary(max_size=64))
 def test_dlq_record_and_replay_keep_every_header_and_the_body_exact(
     headers: dict[str, Any], body: bytes
