@@ -36,6 +36,7 @@ __all__ = [
     "QueueNotFound",
     "RetryTopologyError",
     "StoreUnavailable",
+    "StoreVhostMismatch",
     "TopologyError",
     "TransientError",
     "UnencodableMessage",
@@ -179,6 +180,11 @@ class StoreUnavailable(DedupStoreError):
     """The store cannot be reached right now: its connection was lost (PostgreSQL restarted, the
     session terminated) or SQLite stayed locked past its timeout. Nothing was committed; the
     consumer retries with backoff, and only an outage longer than its bound ends the worker."""
+
+
+class StoreVhostMismatch(DedupStoreError):
+    """The dedup store was bound to another vhost: its claims would ack this vhost's messages
+    as duplicates. One store serves one vhost (:func:`amqp_lab.dedup.identity.bind_vhost`)."""
 
 
 # --- handler-side classification ------------------------------------------------------------------

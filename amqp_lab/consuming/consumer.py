@@ -44,6 +44,7 @@ from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
+from amqp_lab.dedup.identity import bind_vhost
 from amqp_lab.errors import (
     BrokerConnectionError,
     ConnectionLost,
@@ -59,6 +60,7 @@ from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.state_key import broker_identity
 from amqp_lab.topology.retry_check import check_retry_topology
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
@@ -103,6 +105,7 @@ class Consumer:
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
         self._verified = False
+        self._bound = False  # bind_vhost done (at the first connection)
         self._executor = ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix="handler"
         )
@@ -144,7 +147,9 @@ class Consumer:
         full-jitter backoff; after ``reconnect_attempts`` connections in a row that settled
         nothing, BrokerConnectionError. Fatal ends raise: QueueNotFound, VhostAccessDenied,
         AuthenticationFailed, AccessRefused, RetryTopologyError, DedupStoreError (the store
-        failed, or stayed unavailable past ``store_outage``), DeadLetterFailed (deliveries the
+        failed, or stayed unavailable past ``store_outage``), StoreVhostMismatch (checked once
+        connected: the store serves another vhost, :func:`~amqp_lab.dedup.identity.bind_vhost`),
+        DeadLetterFailed (deliveries the
         DLQ would not take were parked and are back in the queue)."""
         budget = ReconnectBudget(self.config.reconnect_attempts)
         try:
@@ -187,6 +192,9 @@ class Consumer:
         self._blocked.closed()
         self.observer.unacked(0)
         self._connection = connection = connect(self.settings)
+        if not self._bound:  # connection.open passed: the vhost is real, the store serves it
+            bind_vhost(self.store, self.settings.vhost, broker_identity(self.settings))
+            self._bound = True
         self.connections_opened += 1
         if self.connections_opened > 1:
             self.observer.reconnected()
