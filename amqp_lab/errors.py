@@ -34,6 +34,7 @@ __all__ = [
     "PublishError",
     "PublishFailed",
     "QueueNotFound",
+    "ReplayStopped",
     "RetryTopologyError",
     "StoreUnavailable",
     "StoreVhostMismatch",
@@ -170,6 +171,12 @@ class RetryTopologyError(TopologyError):
 # --- consumer / DLQ -------------------------------------------------------------------------------
 class DeadLetterFailed(AmqpLabError):
     """A DLQ record could not be published with a confirm; the original delivery was not acked."""
+
+
+class ReplayStopped(AmqpLabError):
+    """A bounded pass over the DLQ (replay, delete) stopped before its end: a record it had to
+    move past could not be copied to the DLQ's tail, or not one record could be handled within
+    the time bound. Nothing is lost: every record is still in the DLQ (amqp_lab.dlq.window)."""
 
 
 class DedupStoreError(AmqpLabError):
