@@ -29,7 +29,7 @@ from tests.brokers import TestBroker
 from tests.pgsupport import temp_database
 from tests.support import ROOT, consumer_config, parse_lines, ready_count, script_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 
 WORKER = (
     "import sys; from pathlib import Path; from amqp_lab.cli.common import run; "
