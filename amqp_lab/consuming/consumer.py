@@ -193,7 +193,10 @@ class Consumer:
         self.observer.unacked(0)
         self._connection = connection = connect(self.settings)
         if not self._bound:  # connection.open passed: the vhost is real, the store serves it
-            bind_vhost(self.store, self.settings.vhost, broker_identity(self.settings))
+            identity = broker_identity(self.settings)
+            StoreRetry(self.config.store_outage).call(
+                lambda: bind_vhost(self.store, self.settings.vhost, identity)
+            )
             self._bound = True
         self.connections_opened += 1
         if self.connections_opened > 1:

@@ -247,7 +247,8 @@ class OrderedConsumer:
         self._blocked.closed()
         self._connection = connection = connect(self.settings)
         if not self._bound:  # connection.open passed: the vhost is real, the store serves it
-            bind_vhost(self.store, self.settings.vhost, broker_identity(self.settings))
+            identity = broker_identity(self.settings)
+            self._store.call(lambda: bind_vhost(self.store, self.settings.vhost, identity))
             self._bound = True
         self.connections_opened += 1
         if self.connections_opened > 1:
