@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from amqp_lab.dlq import window as window_module
 from amqp_lab.dlq.ops import replay
+from amqp_lab.dlq.record import Selection
 from amqp_lab.dlq.window import Action, DlqPass, Held, exact_properties, window_for_rate
-from amqp_lab.errors import ConfigurationError, ReplayStopped
+from amqp_lab.errors import ConfigurationError, MessageNacked, ReplayStopped
 from amqp_lab.fieldtable import encode_table
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.wire import AmqpProperties
@@ -262,3 +263,42 @@ def test_a_rate_slower_than_the_hold_bound_allows_is_refused_before_connecting()
     nowhere = BrokerSettings("amqp://u:p@127.0.0.1:1/vh")
     with pytest.raises(ConfigurationError, match=r"waits 100 s between replays.*0\.0333"):
         replay(nowhere, lambda e: True, queue="q", rate=0.01)
+
+
+class FakePublisher:
+    """Publisher's stand-in: records what is published; a message_id in ``refuse`` fails."""
+
+    sent: list[str]
+    refuse: set[str]
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        pass
+
+    def __enter__(self) -> FakePublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def publish(self, message: Any) -> None:
+        if message.message_id in FakePublisher.refuse:
+            raise MessageNacked("nacked by the broker once", message.message_id)
+        FakePublisher.sent.append(message.message_id)
+
+
+def test_a_key_replay_stops_at_its_first_failure_and_keeps_the_rest_in_order(
+    model: ModelQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a0", "b1", "a2", "a3", "b4"):  # key = first letter
+        model.add(name)
+    FakePublisher.sent, FakePublisher.refuse = [], {"a2"}
+    monkeypatch.setattr("amqp_lab.dlq.ops.Publisher", FakePublisher)
+    results = replay(SETTINGS, Selection(key="a").matches, queue="q", window=2, in_order=True)
+    assert [(r.entry.message_id, r.status) for r in results] == [
+        ("a0", "replayed"),
+        ("a2", "failed"),
+        ("a3", "failed"),
+    ]
+    assert "earlier selected record failed" in results[2].detail
+    assert FakePublisher.sent == ["a0"]
+    assert model.names() == ["b1", "a2", "a3", "b4"]  # moved round, in their order
