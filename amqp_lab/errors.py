@@ -36,8 +36,10 @@ __all__ = [
     "PublishFailed",
     "QueueNotFound",
     "RecordTooLarge",
+    "ReplayStopped",
     "RetryTopologyError",
     "StoreUnavailable",
+    "StoreVhostMismatch",
     "TopologyError",
     "TransientError",
     "UnencodableMessage",
@@ -184,6 +186,12 @@ class RecordTooLarge(DeadLetterFailed):
         self.limit = limit
 
 
+class ReplayStopped(AmqpLabError):
+    """A bounded pass over the DLQ (replay, delete) stopped before its end: a record it had to
+    move past could not be copied to the DLQ's tail, or not one record could be handled within
+    the time bound. Nothing is lost: every record is still in the DLQ (amqp_lab.dlq.window)."""
+
+
 class DedupStoreError(AmqpLabError):
     """The de-duplication store failed (cannot open, cannot commit)."""
 
@@ -192,6 +200,11 @@ class StoreUnavailable(DedupStoreError):
     """The store cannot be reached right now: its connection was lost (PostgreSQL restarted, the
     session terminated) or SQLite stayed locked past its timeout. Nothing was committed; the
     consumer retries with backoff, and only an outage longer than its bound ends the worker."""
+
+
+class StoreVhostMismatch(DedupStoreError):
+    """The dedup store was bound to another vhost: its claims would ack this vhost's messages
+    as duplicates. One store serves one vhost (:func:`amqp_lab.dedup.identity.bind_vhost`)."""
 
 
 # --- handler-side classification ------------------------------------------------------------------

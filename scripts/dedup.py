@@ -17,7 +17,7 @@ import time
 
 from _cli import EXIT_OK, ROOT, add_topology_option, run, settings_from_env, topology_from
 
-from amqp_lab.cli.worker import default_dedup_path
+from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.dedup import open_store
 from amqp_lab.dedup.retention import (
     DAY,

@@ -29,8 +29,9 @@ from _cli import (
     topology_from,
 )
 
-from amqp_lab.cli.worker import default_dedup_path
+from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.dedup import open_store
+from amqp_lab.dedup.identity import check_vhost
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.management import ManagementClient
@@ -168,6 +169,7 @@ def parked_command(args: argparse.Namespace) -> int:
     url = args.dedup_url or args.dedup_path or default_dedup_path(settings, ROOT / ".state")
     store = open_store(url)
     try:
+        check_vhost(store, settings.vhost)  # another vhost's store holds none of our keys
         parked = ParkedKeys(store, scope)
         if args.release is not None:
             if parked.blocker(args.release) is None:

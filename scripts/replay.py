@@ -5,13 +5,21 @@ Select with --all, or with any of --message-id, --error-type, --since, --until (
 the record's last_failed_at); --limit N caps the count, --rate R the messages per second.
 Each is republished with confirms + mandatory (original payload, same message_id, attempts 0,
 x-death removed); its DLQ copy is removed only after the confirm. Every replayed message gets
-an audit line (JSON) in --audit-log. --dry-run lists what would go.
+an audit line (JSON) in --audit-log. --dry-run lists what would go among the first --window
+records (it moves nothing, so it cannot look further).
+
+A replay holds at most --window messages unacked (fewer at a slow --rate), each for at most a
+minute, and goes once round the records the DLQ held at its start: records it does not select
+are moved to the DLQ's tail (an exact copy, confirmed, then the original acked) when it has to
+get past them, so the rest keep their order. Records that arrive meanwhile wait for the next
+run. A line on stderr says how many records it examined and moved (docs/dlq.md#replay).
 Exit 0 when every selected message was replayed, 1 when any failed or nothing matched an ID.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,6 +37,7 @@ from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG, AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
 from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.window import DEFAULT_WINDOW, PassReport
 from amqp_lab.oneline import one_line
 
 
@@ -55,6 +64,13 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="messages per second")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        metavar="N",
+        help=f"messages held unacked at most (default {DEFAULT_WINDOW}); a dry run reads this many",
+    )
     add_topology_option(parser)
     parser.add_argument("--queue", default=None, help="the DLQ (default: the topology's)")
     parser.add_argument("--audit-log", default=str(ROOT / DEFAULT_AUDIT_LOG))
@@ -66,33 +82,51 @@ def main() -> int:
         )
     if (args.rate is not None and args.rate <= 0) or (args.limit is not None and args.limit < 1):
         parser.error("--rate must be > 0 and --limit >= 1")
+    if args.window < 1:
+        parser.error("--window must be >= 1")
     if args.queue is None:
         args.queue = topology_from(args).names.dlq
     settings = settings_from_env("amqp-lab replay")
 
-    with (
-        AuditLog(Path(args.audit_log), vhost=settings.vhost, queue=args.queue) as log,
-        Progress("DLQ records read") as progress,
-    ):
+    passes: list[PassReport] = []
+    try:
+        with (
+            AuditLog(Path(args.audit_log), vhost=settings.vhost, queue=args.queue) as log,
+            Progress("DLQ records read") as progress,
+        ):
 
-        def show(result: ReplayResult) -> None:
-            progress.close()  # reading is over: the result lines follow on their own
-            line = f"message_id={one_line(str(result.entry.message_id))} status={result.status}"
-            print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
-            if result.status != "would-replay":
-                log.write(result.entry, result.status, result.detail)
+            def show(result: ReplayResult) -> None:
+                progress.clear()  # the result line starts at column 0; the count is redrawn after
+                line = f"message_id={one_line(str(result.entry.message_id))} status={result.status}"
+                print(line + (f" error={result.detail!r}" if result.detail else ""), flush=True)
+                if result.status != "would-replay":
+                    log.write(result.entry, result.status, result.detail)
 
-        results = replay(
-            settings,
-            selection.matches,
-            queue=args.queue,
-            dry_run=args.dry_run,
-            limit=args.limit,
-            rate=args.rate,
-            on_result=show,
-            on_progress=progress.update,
-        )
+            results = replay(
+                settings,
+                selection.matches,
+                queue=args.queue,
+                dry_run=args.dry_run,
+                limit=args.limit,
+                rate=args.rate,
+                on_result=show,
+                on_progress=progress.update,
+                window=args.window,
+                in_order=args.key is not None,
+                on_pass=passes.append,
+            )
+    finally:  # also when the pass stopped early: what it did, before the error line
+        for done in passes:
+            if done.windows or done.depth_after >= 0:  # it got as far as reading the DLQ
+                print(done.line(), file=sys.stderr)
     failed = sum(r.status == "failed" for r in results)
+    (done,) = passes
+    if args.dry_run and not done.complete and not args.limit:
+        print(
+            f"warning: the dry run read {done.examined} of the {done.depth} records "
+            "(--window); a replay goes through all of them",
+            file=sys.stderr,
+        )
     print(
         f"{len(results)} selected, {len(results) - failed} "
         f"{'would be replayed' if args.dry_run else 'replayed'}, {failed} failed"

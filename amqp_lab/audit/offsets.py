@@ -70,46 +70,65 @@ def removed_before(expected: int, first_delivered: int) -> int:
 
 @dataclass(frozen=True)
 class ReaderKey:
-    """Whose offset: a reader ``name`` on ``stream`` in ``vhost``."""
+    """Whose offset: a reader ``name`` on ``stream`` in ``vhost`` of ``broker`` (its identity,
+    :func:`amqp_lab.state_key.broker_identity`; empty: not told, the layout of amqp-lab 0.2)."""
 
     vhost: str
     stream: str
     name: str
+    broker: str = ""
 
-    def path(self) -> tuple[str, str, str]:
-        return (self.vhost, self.stream, self.name)
+    def path(self) -> tuple[str, ...]:
+        """Where the entry sits in the file's JSON object."""
+        if not self.broker:
+            return ("offsets", self.vhost, self.stream, self.name)
+        return ("brokers", self.broker, self.vhost, self.stream, self.name)
+
+    def legacy(self) -> ReaderKey:
+        """The same reader as amqp-lab 0.2 stored it, without the broker."""
+        return ReaderKey(self.vhost, self.stream, self.name)
 
 
 class OffsetStore:
-    """The offsets of named readers in one JSON file: ``{"offsets": {vhost: {stream: {name:
-    {"offset": N, "updated_at": ISO}}}}}``. Raises ConfigurationError when the file cannot be
-    read or written (naming it)."""
+    """The offsets of named readers in one JSON file: ``{"brokers": {broker: {vhost: {stream:
+    {name: {"offset": N, "updated_at": ISO}}}}}}``, so two brokers with a vhost and stream of
+    the same name never share an offset. Entries without a broker (``"offsets": {vhost:
+    ...}}``, written by amqp-lab 0.2) are read when a broker has none of its own, and moved
+    under the broker at its first :meth:`put`. Raises ConfigurationError when the file cannot
+    be read or written (naming it)."""
 
     def __init__(self, path: Path | str = DEFAULT_OFFSET_FILE) -> None:
         self.path = Path(path)
 
     def get(self, key: ReaderKey) -> int | None:
         """The last processed offset stored for ``key`` (None: never stored)."""
-        entry = self._load().get("offsets", {}).get(key.vhost, {}).get(key.stream, {})
-        value = entry.get(key.name, {}).get("offset")
-        return value if isinstance(value, int) else None
+        data = self._load()
+        value = _entry(data, key.path()).get("offset")
+        if value is None and key.broker:
+            value = _entry(data, key.legacy().path()).get("offset")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def put(self, key: ReaderKey, offset: int) -> None:
         """Record ``offset`` as ``key``'s last processed entry (atomic replace of the file)."""
         with self._locked():
             data = self._load()
-            readers = data.setdefault("offsets", {}).setdefault(key.vhost, {})
-            readers.setdefault(key.stream, {})[key.name] = {
+            *branch, name = key.path()
+            _branch(data, branch, create=True)[name] = {
                 "offset": offset,
                 "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
             }
+            if key.broker:
+                *legacy, name = key.legacy().path()
+                _branch(data, legacy).pop(name, None)
             self._write(data)
 
     def delete(self, key: ReaderKey) -> None:
-        """Forget ``key``'s offset (a ``--reset``)."""
+        """Forget ``key``'s offset (a ``--reset``), with any entry without a broker."""
         with self._locked():
             data = self._load()
-            data.get("offsets", {}).get(key.vhost, {}).get(key.stream, {}).pop(key.name, None)
+            for one in (key, key.legacy()):
+                *branch, name = one.path()
+                _branch(data, branch).pop(name, None)
             self._write(data)
 
     def _load(self) -> dict[str, Any]:
@@ -150,3 +169,24 @@ class OffsetStore:
             yield
         finally:
             lock.close()
+
+
+def _branch(data: dict[str, Any], path: list[str], create: bool = False) -> dict[str, Any]:
+    """The object at ``path`` in ``data`` ({} - detached - where it is missing or not an
+    object, unless ``create`` makes it)."""
+    node: Any = data
+    for part in path:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            if not create:
+                return {}
+            child = node[part] = {}
+        node = child
+    result: dict[str, Any] = node
+    return result
+
+
+def _entry(data: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    *branch, name = path
+    entry = _branch(data, branch).get(name)
+    return entry if isinstance(entry, dict) else {}

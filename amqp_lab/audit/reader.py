@@ -30,6 +30,7 @@ from amqp_lab.connection import connect, drop_connection, translate
 from amqp_lab.errors import AmqpLabError, NotFound, PreconditionFailed, QueueNotFound
 from amqp_lab.message import properties_of
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.state_key import broker_identity
 
 __all__ = ["ReadReport", "StreamEntry", "StreamReader"]
 
@@ -109,7 +110,11 @@ class StreamReader:
         self.stream = stream
         self.prefetch = prefetch
         self.store = store
-        self.key = ReaderKey(settings.vhost, stream, name) if name is not None else None
+        self.key = (
+            ReaderKey(settings.vhost, stream, name, broker_identity(settings))
+            if name is not None
+            else None
+        )
         self.store_every = store_every
 
     def stored_offset(self) -> int | None:

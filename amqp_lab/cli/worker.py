@@ -14,7 +14,6 @@ signal exits at once.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from amqp_lab.cli.common import (
     settings_from_env,
     topology_from,
 )
+from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.lifecycle import SignalDrain
@@ -46,15 +46,8 @@ from amqp_lab.observability.logs import LOG_FORMATS, json_line, report_event, us
 from amqp_lab.observability.metrics import ConsumerMetrics, serve_metrics
 from amqp_lab.ordering import OrderedConfig, OrderedConsumer
 from amqp_lab.retry.policy import RetryPolicy
-from amqp_lab.settings import BrokerSettings
 
 __all__ = ["default_dedup_path", "entry", "main", "say"]
-
-
-def default_dedup_path(settings: BrokerSettings, state_dir: Path) -> str:
-    """One SQLite file per broker and vhost in ``state_dir``, so fresh vhosts start fresh."""
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{settings.host}-{settings.port}-{settings.vhost}")
-    return str(state_dir / f"dedup-{key}.sqlite3")
 
 
 def ordered_refusals(args: argparse.Namespace) -> list[str]:

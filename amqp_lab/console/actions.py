@@ -3,8 +3,12 @@ person confirmed, with the same library code and audit log as ``scripts/replay.p
 
 A confirmed action selects by message_id **and** fingerprint (:func:`selects`): a record that
 failed again differently since its dry run is left alone, and reported as missing. The
-console's operations run one at a time (a lock): each takes the DLQ's messages with basic.get
-for its duration, and another browse in between would hide them from it.
+console's operations run one at a time (a lock): a browse holds the DLQ's first
+``max_records`` messages while it reads them, and another operation in between would miss
+them. A confirmed replay or delete of any size is one bounded pass
+(:mod:`amqp_lab.dlq.window`): at most ``window`` messages unacked at once, each for at most
+``max_hold`` seconds, the records of other groups moved to the DLQ's tail when it must get
+past them; a dry run moves nothing and reads what a page load reads (``max_records``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from amqp_lab.dlq.audit_log import AuditLog
 from amqp_lab.dlq.fingerprint import selects
 from amqp_lab.dlq.ops import DeleteResult, ReplayResult, browse, delete, depth, replay
 from amqp_lab.dlq.view import DlqEntry
+from amqp_lab.dlq.window import DEFAULT_MAX_HOLD, DEFAULT_WINDOW, PassReport
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
 
@@ -38,13 +43,15 @@ class Snapshot:
 class Outcome:
     """What a replay or delete did (or, ``dry_run``, would do). ``missing``: message_ids
     confirmed but not found with their fingerprint (gone, or changed since the dry run);
-    ``capped``: a dry run stopped at ``max_records`` (the rest of the group comes after)."""
+    ``capped``: a dry run stopped at ``max_records`` (the rest of the group comes after);
+    ``report``: what the pass over the DLQ did (records examined, moved, most held at once)."""
 
     action: str  # replay | delete
     dry_run: bool
     results: tuple[ReplayResult | DeleteResult, ...]
     missing: tuple[str, ...] = ()
     capped: bool = False
+    report: PassReport | None = None
 
     def count(self, status: str) -> int:
         """How many results have ``status``."""
@@ -55,16 +62,26 @@ class DlqActions:
     """The console's operations on the DLQ ``queue``: :meth:`snapshot` reads at most
     ``max_records``; :meth:`replay` and :meth:`delete` append to the audit log at
     ``audit_log`` (opened for each confirmed action: ConfigurationError before anything is
-    touched when it cannot be written). Broker errors are amqp_lab errors (NotFound for a
-    missing DLQ, BrokerUnavailable...)."""
+    touched when it cannot be written) and hold at most ``window`` messages unacked for at
+    most ``max_hold`` seconds. Broker errors are amqp_lab errors (NotFound for a missing DLQ,
+    BrokerUnavailable, ReplayStopped...)."""
 
     def __init__(
-        self, settings: BrokerSettings, queue: str, *, audit_log: Path, max_records: int
+        self,
+        settings: BrokerSettings,
+        queue: str,
+        *,
+        audit_log: Path,
+        max_records: int,
+        window: int = DEFAULT_WINDOW,
+        max_hold: float = DEFAULT_MAX_HOLD,
     ) -> None:
         self.settings = settings
         self.queue = queue
         self.audit_log = audit_log
         self.max_records = max_records
+        self.window = window
+        self.max_hold = max_hold
         self._lock = threading.Lock()
 
     def snapshot(self) -> Snapshot:
@@ -89,10 +106,16 @@ class DlqActions:
         per second. A dry run lists at most ``max_records``, touches nothing and writes no
         audit line."""
         select = selects(fingerprint, message_ids)
+        passes: list[PassReport] = []
         with self._lock:
             if dry_run:
                 results = replay(
-                    self.settings, select, queue=self.queue, dry_run=True, limit=self.max_records
+                    self.settings,
+                    select,
+                    queue=self.queue,
+                    dry_run=True,
+                    limit=self.max_records,
+                    window=self.max_records,
                 )
                 return Outcome("replay", True, tuple(results), capped=self._capped(results))
             with self._audit() as log:
@@ -101,9 +124,17 @@ class DlqActions:
                     log.write(result.entry, result.status, result.detail)
 
                 results = replay(
-                    self.settings, select, queue=self.queue, rate=rate, on_result=audit
+                    self.settings,
+                    select,
+                    queue=self.queue,
+                    rate=rate,
+                    on_result=audit,
+                    window=self.window,
+                    max_hold=self.max_hold,
+                    on_pass=passes.append,
                 )
-        return Outcome("replay", False, tuple(results), _missing(message_ids, results))
+        missing = _missing(message_ids, results)
+        return Outcome("replay", False, tuple(results), missing, report=passes[0])
 
     def delete(
         self, fingerprint: str, message_ids: Collection[str] | None, *, dry_run: bool
@@ -113,10 +144,16 @@ class DlqActions:
         gets an audit line with status ``deleted``; a dry run lists at most ``max_records``
         and touches nothing."""
         select = selects(fingerprint, message_ids)
+        passes: list[PassReport] = []
         with self._lock:
             if dry_run:
                 results = delete(
-                    self.settings, select, queue=self.queue, dry_run=True, limit=self.max_records
+                    self.settings,
+                    select,
+                    queue=self.queue,
+                    dry_run=True,
+                    limit=self.max_records,
+                    window=self.max_records,
                 )
                 return Outcome("delete", True, tuple(results), capped=self._capped(results))
             with self._audit() as log:
@@ -124,8 +161,17 @@ class DlqActions:
                 def audit(result: DeleteResult) -> None:
                     log.write(result.entry, result.status, result.detail)
 
-                results = delete(self.settings, select, queue=self.queue, on_result=audit)
-        return Outcome("delete", False, tuple(results), _missing(message_ids, results))
+                results = delete(
+                    self.settings,
+                    select,
+                    queue=self.queue,
+                    on_result=audit,
+                    window=self.window,
+                    max_hold=self.max_hold,
+                    on_pass=passes.append,
+                )
+        missing = _missing(message_ids, results)
+        return Outcome("delete", False, tuple(results), missing, report=passes[0])
 
     def _capped(self, results: list[ReplayResult] | list[DeleteResult]) -> bool:
         return len(results) >= self.max_records

@@ -46,6 +46,7 @@ from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.consuming.topology_guard import TopologyGuard
 from amqp_lab.dedup import DedupStore
+from amqp_lab.dedup.identity import bind_vhost
 from amqp_lab.errors import (
     BrokerConnectionError,
     ConnectionLost,
@@ -58,6 +59,7 @@ from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.state_key import broker_identity
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
@@ -100,6 +102,7 @@ class Consumer:
         self._stop = threading.Event()
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
+        self._bound = False  # bind_vhost done (at the first connection)
         self._executor = ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix="handler"
         )
@@ -146,7 +149,9 @@ class Consumer:
         full-jitter backoff; after ``reconnect_attempts`` connections in a row that settled
         nothing, BrokerConnectionError. Fatal ends raise: QueueNotFound, VhostAccessDenied,
         AuthenticationFailed, AccessRefused, RetryTopologyError, DedupStoreError (the store
-        failed, or stayed unavailable past ``store_outage``), DeadLetterFailed (deliveries the
+        failed, or stayed unavailable past ``store_outage``), StoreVhostMismatch (checked once
+        connected: the store serves another vhost, :func:`~amqp_lab.dedup.identity.bind_vhost`),
+        DeadLetterFailed (deliveries the
         DLQ would not take were parked and are back in the queue)."""
         budget = ReconnectBudget(self.config.reconnect_attempts)
         try:
@@ -204,6 +209,12 @@ class Consumer:
         self._blocked.closed()
         self.observer.unacked(0)
         self._connection = connection = connect(self.settings)
+        if not self._bound:  # connection.open passed: the vhost is real, the store serves it
+            identity = broker_identity(self.settings)
+            StoreRetry(self.config.store_outage).call(
+                lambda: bind_vhost(self.store, self.settings.vhost, identity)
+            )
+            self._bound = True
         self.connections_opened += 1
         if self.connections_opened > 1:
             self.observer.reconnected()

@@ -8,8 +8,10 @@ time, so the file says who did what to which message even when a run is cut shor
      "message_id": "m-1", "status": "replayed", "error_type": "RuntimeError",
      "record_last_failed_at": "2026-12-01T09:10:04.456Z", "record_attempts": 2, "detail": ""}
 
-``status``: ``replayed``, ``failed`` (the replay was not confirmed; the record stays) or
-``deleted``. A dry run writes nothing.
+``status``: ``replayed`` (``detail`` says when the record's ack was lost with the channel: it
+stays in the DLQ and a next replay sends it again), ``failed`` (the replay was not confirmed; the
+record stays), ``deleted``, or ``unconfirmed`` (a delete's ack was sent, then the channel died
+before the broker was known to process it). A dry run writes nothing.
 """
 
 from __future__ import annotations

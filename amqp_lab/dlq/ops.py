@@ -3,8 +3,9 @@
 Browsing takes each message with basic.get (no auto-ack) and then returns all of them with
 basic.nack(multiple=True, requeue=True): RabbitMQ puts requeued messages back in their original
 position (https://www.rabbitmq.com/docs/confirms#consumer-nacks-requeue), so listing changes
-nothing but the redelivered flag. Nothing in amqp-lab consumes the DLQ automatically: if the
-cause is still there, an automatic DLQ consumer is an infinite loop.
+nothing but the redelivered flag. Replay and delete hold a bounded window instead, whatever the
+DLQ's size (:mod:`amqp_lab.dlq.window`). Nothing in amqp-lab consumes the DLQ automatically:
+if the cause is still there, an automatic DLQ consumer is an infinite loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ import pika.exceptions as pe
 
 from amqp_lab.connection import open_channel, translate
 from amqp_lab.dlq.view import DlqEntry, replay_message, view_of
-from amqp_lab.errors import AmqpLabError
+from amqp_lab.dlq.window import (
+    DEFAULT_MAX_HOLD,
+    DEFAULT_WINDOW,
+    Action,
+    DlqPass,
+    Held,
+    PassReport,
+    window_for_rate,
+)
+from amqp_lab.errors import AmqpLabError, ConfigurationError
 from amqp_lab.observability.tracing import replay_span
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
@@ -115,57 +125,101 @@ def replay(
     on_result: Callable[[ReplayResult], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    window: int = DEFAULT_WINDOW,
+    max_hold: float = DEFAULT_MAX_HOLD,
+    in_order: bool = False,
+    on_pass: Callable[[PassReport], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[ReplayResult]:
     """Republish the selected DLQ entries (at most ``limit``, at most ``rate`` per second) with
     confirms + mandatory: original payload, same message_id, attempts 0, x-death removed. Each
     DLQ copy is basic.ack'ed only after its replay was confirmed; a failed replay (unroutable,
-    nacked...) leaves it in place. Replaying a message_id twice cannot apply it twice: the
+    nacked...) leaves it in the DLQ. Replaying a message_id twice cannot apply it twice: the
     consumer's dedup store skips a message_id it has already processed.
+
+    One bounded pass (:class:`~amqp_lab.dlq.window.DlqPass`): at most ``window`` messages
+    unacked at once (fewer at a slow ``rate``: what it allows in half of ``max_hold`` seconds),
+    each window settled within ``max_hold`` seconds; records not selected are moved to the
+    DLQ's tail when the pass has to get past them. Records that arrive during the pass are left
+    for the next one. A dry run moves nothing: it reads at most ``window`` records and puts them
+    back (``on_pass`` tells whether that was all). ``in_order`` (a key's records): after a
+    failed replay, the later selected records are not replayed (status failed, say why).
+    ``on_pass`` gets the :class:`~amqp_lab.dlq.window.PassReport` when the pass ends. A rate
+    whose wait is more than half of ``max_hold`` raises ConfigurationError (a record would stay
+    unacked through it).
 
     Each replay is a ``replay <queue>`` span in the trace the record's headers carry, linked to
     it; the republished message carries that span's context, so the replayed run joins the
-    original trace (:func:`amqp_lab.observability.tracing.replay_span`)."""
+    original trace (:func:`amqp_lab.observability.tracing.replay_span`). Raises NotFound when
+    ``queue`` is missing, ReplayStopped, ConnectionLost or a ChannelError when the pass stops
+    early (what was replayed stays replayed, the rest is in the DLQ)."""
     results: list[ReplayResult] = []
     interval = 1.0 / rate if rate else 0.0
-    with (
-        _holding(settings, queue, None, on_progress) as (channel, held),
-        Publisher(settings) as publisher,
-    ):
-        for item in held:
-            if limit is not None and len(results) >= limit:
-                break
-            if not select(item.entry):
-                continue
-            if not item.entry.message_id:
-                # our publisher and dedup both need an id: this one stays in the DLQ
-                result = ReplayResult(item.entry, "failed", "no message_id: cannot be replayed")
-            elif dry_run:
-                result = ReplayResult(item.entry, "would-replay")
-            else:
-                if interval and results:
-                    sleep(interval)
-                try:
-                    entry = item.entry
-                    with replay_span(queue, entry.headers, entry.message_id):
-                        publisher.publish(replay_message(entry, exchange))
-                except AmqpLabError as e:
-                    result = ReplayResult(item.entry, "failed", str(e))
-                else:
-                    try:
-                        channel.basic_ack(item.delivery_tag)
-                    except pe.AMQPError as e:  # e.g. consumer_timeout closed the DLQ channel
-                        raise translate(e, settings) from e
-                    result = ReplayResult(item.entry, "replayed")
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+    if interval > max_hold / 2:
+        raise ConfigurationError(
+            f"a rate of {rate:g}/s waits {interval:g} s between replays, more than half the "
+            f"{max_hold:g} s a record may stay unacked: use at least {2 / max_hold:g}/s, or "
+            "replay a few at a time (--limit) from a timer"
+        )
+    state = {"replayed": 0, "failed": 0}
+    dlq_pass = DlqPass(
+        settings,
+        queue,
+        window=window_for_rate(window, max_hold, rate),
+        max_hold=max_hold,
+        may_move=not dry_run,
+        clock=clock,
+        on_progress=on_progress,
+    )
+
+    def report(result: ReplayResult) -> Action:
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+        return "keep"
+
+    def act(channel: Any, item: Held, deadline: float) -> Action:
+        entry = item.entry
+        if not select(entry):
+            return "keep"
+        if in_order and state["failed"]:
+            why = "not replayed: an earlier selected record failed (its order is kept)"
+            return report(ReplayResult(entry, "failed", why))
+        if not entry.message_id:
+            # our publisher and dedup both need an id: this one stays in the DLQ
+            return report(ReplayResult(entry, "failed", "no message_id: cannot be replayed"))
+        if dry_run:
+            return report(ReplayResult(entry, "would-replay"))
+        if interval and state["replayed"]:
+            sleep(interval)  # within the window: window_for_rate left room for it
+        try:
+            with replay_span(queue, entry.headers, entry.message_id):
+                publisher.publish(replay_message(entry, exchange))
+        except AmqpLabError as e:
+            state["failed"] += 1
+            return report(ReplayResult(entry, "failed", str(e)))
+        try:
+            channel.basic_ack(item.delivery_tag)
+        except pe.AMQPError as e:  # the copy went out: say so (and audit it), then stop
+            report(ReplayResult(entry, "replayed", f"its DLQ record stays, the ack was lost: {e}"))
+            raise
+        state["replayed"] += 1
+        report(ReplayResult(entry, "replayed"))
+        return "done"
+
+    try:
+        with Publisher(settings) as publisher:
+            dlq_pass.run(act, lambda: limit is not None and len(results) >= limit)
+    finally:
+        if on_pass is not None:
+            on_pass(dlq_pass.report)
     return results
 
 
 @dataclass(frozen=True)
 class DeleteResult:
     entry: DlqEntry
-    status: str  # deleted | would-delete
+    status: str  # deleted | would-delete | unconfirmed
     detail: str = ""
 
 
@@ -178,34 +232,59 @@ def delete(
     limit: int | None = None,
     on_result: Callable[[DeleteResult], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    window: int = DEFAULT_WINDOW,
+    max_hold: float = DEFAULT_MAX_HOLD,
+    on_pass: Callable[[PassReport], None] | None = None,
 ) -> list[DeleteResult]:
-    """Remove the selected DLQ entries (at most ``limit``) for good: basic.get every message
-    without ack, basic.ack the selected ones, basic.nack(requeue) the rest back into place.
-    ``on_result`` is called for each only after a synchronous call on the same channel
-    returned, i.e. once the broker has processed the acks. Raises NotFound when ``queue`` is
-    missing, ConnectionLost when the channel dies before the acks are known to be processed
-    (then the unacked messages are back in the queue and nothing is reported deleted)."""
+    """Remove the selected DLQ entries (at most ``limit``) for good with basic.ack, in one
+    bounded pass (:class:`~amqp_lab.dlq.window.DlqPass`: at most ``window`` unacked at once,
+    records not selected moved to the tail when the pass must get past them). ``on_result``
+    is called for a window's deletions only after a synchronous call on the same channel
+    returned, i.e. once the broker has processed the acks. A dry run moves nothing: it reads at
+    most ``window`` records and puts them back.
+
+    Raises NotFound when ``queue`` is missing; ReplayStopped, ConnectionLost or a ChannelError
+    when the pass stops early: the window's acks sent but not known to be processed are then
+    reported first, status ``unconfirmed`` (deleted or back in the DLQ: list it to know), and
+    everything unacked is back in the queue."""
     results: list[DeleteResult] = []
-    with _holding(settings, queue, None, on_progress) as (channel, held):
-        for item in held:
-            if limit is not None and len(results) >= limit:
-                break
-            if not select(item.entry):
-                continue
-            if dry_run:
-                results.append(DeleteResult(item.entry, "would-delete"))
-                continue
-            try:
-                channel.basic_ack(item.delivery_tag)
-            except pe.AMQPError as e:
-                raise translate(e, settings) from e
-            results.append(DeleteResult(item.entry, "deleted"))
-        if results and not dry_run:
-            try:  # answered after the channel passed the acks on to the queue
-                channel.queue_declare(queue, passive=True)
-            except pe.AMQPError as e:
-                raise translate(e, settings) from e
-    if on_result is not None:
+    pending: list[DeleteResult] = []
+
+    def act(channel: Any, item: Held, deadline: float) -> Action:
+        if not select(item.entry):
+            return "keep"
+        if dry_run:
+            results.append(DeleteResult(item.entry, "would-delete"))
+            return "keep"
+        channel.basic_ack(item.delivery_tag)
+        pending.append(DeleteResult(item.entry, "deleted"))
+        return "done"
+
+    def confirmed() -> None:
+        results.extend(pending)
+        if on_result is not None:
+            for result in pending:
+                on_result(result)
+        pending.clear()
+
+    dlq_pass = DlqPass(settings, queue, window=window, max_hold=max_hold, may_move=not dry_run)
+    dlq_pass.on_progress = on_progress
+    try:
+        dlq_pass.run(
+            act, lambda: limit is not None and len(results) + len(pending) >= limit, confirmed
+        )
+        confirmed()  # a pass that ended in its first window: its last call was synchronous
+    except AmqpLabError as e:
+        for result in pending:
+            unsure = DeleteResult(result.entry, "unconfirmed", f"ack sent, then: {e}")
+            results.append(unsure)
+            if on_result is not None:
+                on_result(unsure)
+        raise
+    finally:
+        if on_pass is not None:
+            on_pass(dlq_pass.report)
+    if dry_run and on_result is not None:
         for result in results:
             on_result(result)
     return results

@@ -64,6 +64,7 @@ from amqp_lab.consuming.settlement import Outcome, Settlement, classify
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.consuming.topology_guard import TopologyGuard
 from amqp_lab.dedup import DedupStore
+from amqp_lab.dedup.identity import bind_vhost
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import (
     BrokerConnectionError,
@@ -81,6 +82,7 @@ from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.retry.policy import RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.state_key import broker_identity
 from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
 
@@ -142,8 +144,10 @@ class OrderedConfig:
 
 
 def parked_scope(vhost: str, names: Names) -> str:
-    """The scope of an ordered topology's parked keys in a store that several vhosts may
-    share: ``vhost/entry-exchange``."""
+    """The scope of an ordered topology's parked keys: ``vhost/entry-exchange``. A store
+    serves one vhost (:mod:`amqp_lab.dedup.identity`); the vhost stays in the scope so that rows
+    written before a store was bound, and ``keys.py parked`` reading any store, stay
+    unambiguous."""
     return f"{vhost}/{names.exchange}"
 
 
@@ -184,6 +188,7 @@ class OrderedConsumer:
         self._stop = threading.Event()
         self._cancelled = False
         self._settled = False
+        self._bound = False  # bind_vhost done (at the first connection)
         plain = config.consumer_config()
         self._store = StoreRetry(plain.store_outage)  # the store's outages, retried
         self._runner = HandlerRunner(
@@ -225,7 +230,8 @@ class OrderedConsumer:
         (a lost connection, a broker cancel) reconnect with backoff; ``reconnect_attempts``
         connections in a row that settled nothing raise BrokerConnectionError. Fatal ends
         raise: QueueNotFound (a shard missing), AuthenticationFailed, VhostAccessDenied,
-        AccessRefused, DedupStoreError, DeadLetterFailed (the DLQ would not take a record:
+        AccessRefused, DedupStoreError, StoreVhostMismatch (checked once connected: the
+        store serves another vhost), DeadLetterFailed (the DLQ would not take a record:
         everything held goes back to the shards)."""
         budget = ReconnectBudget(self.config.reconnect_attempts)
         try:
@@ -262,6 +268,10 @@ class OrderedConsumer:
         self._cancelled = False
         self._blocked.closed()
         self._connection = connection = connect(self.settings)
+        if not self._bound:  # connection.open passed: the vhost is real, the store serves it
+            identity = broker_identity(self.settings)
+            self._store.call(lambda: bind_vhost(self.store, self.settings.vhost, identity))
+            self._bound = True
         self.connections_opened += 1
         if self.connections_opened > 1:
             self.observer.reconnected()

@@ -354,5 +354,5 @@ def test_an_exchange_or_routing_key_that_is_no_short_string_is_refused(
 def test_a_delivered_json_body_with_nan_or_infinity_is_invalid(body: bytes) -> None:
     """Standard JSON only, on the way in as on the way out: a foreign publisher's NaN is a
     business error, not a float the handler must guard against."""
-    with pytest.raises(InvalidMessage, match="body is not JSON: .*is not a JSON number"):
+    with pytest.raises(InvalidMessage, match=r"body is not JSON: .*is not a JSON number"):
         decode_body(body, "application/json")
