@@ -290,13 +290,21 @@ def from_testcontainers() -> TestBroker:
     return broker
 
 
+def _worker_index() -> int:
+    """This pytest-xdist worker's number (gw0 -> 0; 0 without xdist): each worker has a test
+    broker of its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
 def from_local_node() -> TestBroker:
+    offset = _worker_index()  # one node per xdist worker: its own ports, name and data
     node = LocalBroker(
-        nodename="amqplabtest@localhost",
-        amqp_port=5692,
-        management_port=15692,
-        dist_port=25692,
-        base_dir=ROOT / ".broker" / "test-node",
+        nodename=f"amqplabtest{offset or ''}@localhost",
+        amqp_port=5692 + offset,
+        management_port=15692 + offset,
+        dist_port=25692 + offset,
+        base_dir=ROOT / ".broker" / f"test-node{offset or ''}",
     )
     node.start()
     broker = TestBroker(
@@ -336,6 +344,29 @@ def _kill_node(node: LocalBroker) -> None:
     node.start()
 
 
+def describe_choice() -> str:
+    """Which broker a test run will use and why (what :func:`start_test_broker` will do),
+    without starting it: printed by scripts/test.sh before anything runs."""
+    forced = os.environ.get("AMQP_LAB_TEST_BROKER", "")
+    url = os.environ.get("EAI_AMQP_URL")
+    if forced == "env" or (not forced and url):
+        return f"the broker of EAI_AMQP_URL ({mask_url(url or '?')}); restart tests skip"
+    version = wanted_version()
+    if forced == "testcontainers" or (not forced and docker_reachable()):
+        if os.environ.get("AMQP_LAB_RABBITMQ_IMAGE"):
+            return f"testcontainers, image {os.environ['AMQP_LAB_RABBITMQ_IMAGE']}"
+        official, local, suite = VERSIONS[version]
+        return (
+            f"testcontainers, RabbitMQ {version} ({official} if present or pullable, else "
+            f"{local}, built from Debian {suite} when missing: about a minute)"
+        )
+    why = "AMQP_LAB_TEST_BROKER=local" if forced == "local" else "no Docker engine reachable"
+    return (
+        f"WARNING: {why}: the dedicated local node (the OS's rabbitmq-server), not RabbitMQ "
+        f"{version}; the testcontainers path is NOT exercised"
+    )
+
+
 def start_test_broker() -> TestBroker:
     forced = os.environ.get("AMQP_LAB_TEST_BROKER", "")
     url = os.environ.get("EAI_AMQP_URL")
@@ -367,3 +398,7 @@ def start_test_broker() -> TestBroker:
             )
     wait_ready(broker)
     return broker
+
+
+if __name__ == "__main__":  # python -m tests.brokers: the choice, for scripts/test.sh
+    print(f"== test broker: {describe_choice()}", flush=True)

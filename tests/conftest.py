@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 _broker: TestBroker | None = None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``-n N --dist loadgroup``) every worker has a test broker of its
+    own; tests that use something fixed beside it - the three-node cluster's container names
+    and ports - run in one group, one after the other."""
+    for item in items:
+        if item.get_closest_marker("cluster") or item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group("shared-docker"))
+
+
 @pytest.fixture(scope="session")
 def broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     """The session's RabbitMQ (see tests/brokers.py for how it is chosen)."""
