@@ -8,6 +8,7 @@ client-republished messages; 4.x treats x-* headers as the broker's).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -364,9 +365,10 @@ def header_attempts(headers: dict[str, Any] | None) -> int:
     return value
 
 
+@functools.lru_cache(maxsize=256)
 def is_json(content_type: str | None) -> bool:
     """Whether a body of this content type is read as JSON: none given, ``application/json``
-    (with parameters) or a ``+json`` type."""
+    (with parameters) or a ``+json`` type. Cached: a queue carries few content types."""
     if not content_type:
         return True
     media = content_type.split(";", 1)[0].strip().lower()

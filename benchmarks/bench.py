@@ -52,16 +52,20 @@ import _cli  # noqa: F401
 # isort: split
 
 import pika
+from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
 from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
+from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import QUEUE_TYPES, Names, QueueType, load_topology, with_queue_type
+from benchmarks.history import HISTORY, broker_version, load_history, print_comparison, record
 
 # Each path gets a queue of its own (q:bench:<run>:<k>): deleting a quorum queue and declaring
 # one of the same name at once raced on a 4.3.6 cluster (a follower's old Raft member was still
@@ -305,37 +309,59 @@ def noop(task: Any, db: Any) -> None:
     """The bench handler: the dedup claim is the only write."""
 
 
+def consumer_config(
+    queue: str, batch: int, n: int, concurrency: int, idle: float
+) -> ConsumerConfig:
+    """The bench consumer's settings: ``concurrency`` units of ``batch`` at once, prefetch
+    3 * batch * concurrency, no topology check (the bench queue has no DLQ, and the broker may
+    have no management API)."""
+    return ConsumerConfig(
+        bench_names(queue),
+        prefetch=batch * 3 * concurrency,
+        ack_batch=batch,
+        max_messages=n,
+        idle_exit=idle,
+        concurrency=concurrency,
+        verify_topology=False,
+    )
+
+
+def observer_for(metrics: bool) -> ConsumerObserver:
+    """The Prometheus observer (``--metrics``: what a worker with --metrics-port pays per
+    delivery) or none."""
+    if not metrics:
+        return NO_OBSERVER
+    return ConsumerMetrics("bench", "bench", registry=CollectorRegistry())
+
+
 def our_consume(
-    settings: BrokerSettings, queue: str, n: int, batch: int, path: Path
+    settings: BrokerSettings, queue: str, n: int, args: argparse.Namespace, path: Path
 ) -> tuple[float, int]:
     """Our consumer on ``n`` messages (manual ack in batches after the SQLite dedup commit):
     (msg/s, messages handled), timed from connect to close: Consumer.run() includes both."""
     store = SqliteDedupStore(path)
-    config = ConsumerConfig(
-        bench_names(queue),
-        prefetch=batch * 3,
-        ack_batch=batch,
-        max_messages=n,
-        idle_exit=5,
-        verify_topology=False,  # the bench queue has no DLQ (and the broker may lack the API)
-    )
+    config = consumer_config(queue, args.batch, n, args.concurrency, 5)
     started = time.perf_counter()
-    handled = Consumer(settings, noop, store, config, on_report=lambda r: None).run()
+    handled = Consumer(
+        settings, noop, store, config, on_report=lambda r: None, observer=observer_for(args.metrics)
+    ).run()
     elapsed = time.perf_counter() - started
     store.close()
     return handled / elapsed, handled
 
 
 def latency(
-    settings: BrokerSettings, queue: str, rate: int, seconds: float, batch: int
+    settings: BrokerSettings, queue: str, rate: int, seconds: float, args: argparse.Namespace
 ) -> dict[str, float]:
     """Publish to ``queue`` at ``rate`` msg/s with a send timestamp; a consumer process
-    reports latencies."""
+    (the bench's consumer settings) reports latencies: one window."""
     n = int(rate * seconds)
     consumer = subprocess.Popen(
         [
             *(sys.executable, __file__, "--latency-consumer", str(n)),
-            *("--batch", str(batch), "--latency-queue", queue),
+            *("--batch", str(args.batch), "--latency-queue", queue),
+            *("--concurrency", str(args.concurrency)),
+            *(("--metrics",) if args.metrics else ()),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -364,7 +390,7 @@ def latency(
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def latency_consumer(settings: BrokerSettings, queue: str, n: int, batch: int) -> int:
+def latency_consumer(settings: BrokerSettings, queue: str, n: int, args: argparse.Namespace) -> int:
     samples: list[float] = []
 
     def handler(task: Any, db: Any) -> None:
@@ -376,15 +402,9 @@ def latency_consumer(settings: BrokerSettings, queue: str, n: int, batch: int) -
             settings,
             handler,
             store,
-            ConsumerConfig(
-                bench_names(queue),
-                prefetch=batch * 3,
-                ack_batch=batch,
-                max_messages=n,
-                idle_exit=10,
-                verify_topology=False,
-            ),
+            consumer_config(queue, args.batch, n, args.concurrency, 10),
             on_report=lambda r: None,
+            observer=observer_for(args.metrics),
         ).run()
     samples.sort()
     print(
@@ -426,7 +446,7 @@ def repetition(
     rates["our_publisher"], counts["our_publisher"] = our_publish(settings, queue, n, args.window)
     wait_for_depth(settings, queue, n)
     on_path("our_consumer")
-    rates["our_consumer"], counts["our_consumer"] = our_consume(settings, queue, n, args.batch, db)
+    rates["our_consumer"], counts["our_consumer"] = our_consume(settings, queue, n, args, db)
     # the auto-ack baseline consumes the same messages, published the same way
     on_path("raw_auto_ack_consume")
     queue = queues.fresh(settings)
@@ -445,7 +465,28 @@ def parse_args() -> argparse.Namespace:
         "--batch", type=int, default=500, help="consumer ack batch (prefetch: 3 * batch)"
     )
     parser.add_argument("--rate", type=int, default=1000, help="latency test, msg/s")
-    parser.add_argument("--seconds", type=float, default=5.0, help="latency test duration")
+    parser.add_argument("--seconds", type=float, default=4.0, help="one latency window, seconds")
+    parser.add_argument(
+        "--windows", type=int, default=5, help="latency windows (p50 and p99: their median)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="our consumer's handler threads (units)"
+    )
+    parser.add_argument(
+        "--metrics", action="store_true", help="our consumer with the Prometheus observer"
+    )
+    parser.add_argument(
+        "--history",
+        type=Path,
+        default=HISTORY,
+        help=f"the record of measured runs (default {HISTORY.relative_to(HISTORY.parents[1])})",
+    )
+    parser.add_argument(
+        "--no-record", dest="record", action="store_false", help="do not append this run"
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="print the change against the last recorded run"
+    )
     parser.add_argument("--queue-type", choices=QUEUE_TYPES, default="classic")
     parser.add_argument(
         "--queue-mode",
@@ -458,8 +499,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--latency-queue", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.messages < 1 or args.repeat < 1:
-        parser.error("--messages and --repeat must be at least 1")
+    if min(args.messages, args.repeat, args.windows, args.concurrency) < 1:
+        parser.error("--messages, --repeat, --windows and --concurrency must be at least 1")
     if args.queue_type == "quorum" and args.queue_mode is not None:
         parser.error(
             "--queue-mode is for classic queues: a quorum queue refuses x-queue-mode "
@@ -474,7 +515,7 @@ def main() -> int:
     args = parse_args()
     settings = settings_from_env("amqp-lab bench", heartbeat=60)
     if args.latency_consumer is not None:
-        return latency_consumer(settings, args.latency_queue, args.latency_consumer, args.batch)
+        return latency_consumer(settings, args.latency_queue, args.latency_consumer, args)
     entries = entry_points(settings)
     queues = BenchQueues(queue_arguments(args.queue_type, args.queue_mode))
     try:
@@ -496,7 +537,9 @@ def main() -> int:
     summary: dict[str, Any] = {
         **{f"{k}_msg_s": round(v) for k, v in median.items()},
         **{f"{k}_msg_s_range": [round(min(v)), round(max(v))] for k, v in results.items()},
-        **{name: round(median[num] / median[den], 3) for name, (num, den) in RATIOS.items()},
+        # each ratio: the median of the per-repetition ratios (paths of one repetition ran
+        # seconds apart on the same broker), with their range
+        **{name: round(statistics.median(v), 3) for name, v in per_repetition.items()},
         **{f"{k}_range": [round(min(v), 3), round(max(v), 3)] for k, v in per_repetition.items()},
         **lat,
         "peak_rss_mb": round(rss_mb, 1),
@@ -508,8 +551,17 @@ def main() -> int:
         "queue_arguments": queues.arguments,
         "nodes": len(entries),
         "window": args.window,
+        "batch": args.batch,
+        "concurrency": args.concurrency,
+        "metrics": args.metrics,
+        "broker_version": broker_version(entries[0]),
     }
     print_report(summary, median, args)
+    history = load_history(args.history)
+    if args.compare:
+        print_comparison(summary, history)
+    if args.record:
+        record(args.history, summary)
     if args.json:
         print(json.dumps(summary, allow_nan=False))
     return EXIT_OK
@@ -542,10 +594,27 @@ def measure(
                 results[key].append(value)
             for key, count in seen.items():
                 counts[key] += count
-        progress.update(args.repeat, f"latency at {args.rate} msg/s for {args.seconds:g} s")
-        queue = queues.fresh(entries[0])
-        lat = latency(entries[0], queue, args.rate, args.seconds, args.batch)
-    return results, counts, queue_type, lat
+        windows = []
+        for w in range(args.windows):
+            progress.update(
+                args.repeat,
+                f"latency at {args.rate} msg/s, window {w + 1}/{args.windows}",
+            )
+            queue = queues.fresh(entries[0])
+            windows.append(latency(entries[0], queue, args.rate, args.seconds, args))
+    return results, counts, queue_type, latency_summary(windows)
+
+
+def latency_summary(windows: list[dict[str, float]]) -> dict[str, Any]:
+    """p50 and p99 as the median over the latency windows, each with its min and max: one
+    stall in one window does not decide the figure."""
+    out: dict[str, Any] = {"latency_windows": len(windows)}
+    for key in ("latency_p50_ms", "latency_p99_ms"):
+        values = [w[key] for w in windows]
+        out[key] = round(statistics.median(values), 2)
+        out[f"{key}_range"] = [round(min(values), 2), round(max(values), 2)]
+    out["latency_samples"] = sum(int(w["latency_samples"]) for w in windows)
+    return out
 
 
 def print_report(
@@ -574,10 +643,12 @@ def print_report(
         "(no target: fire-and-forget timed until every message is enqueued)",
     )
     ratio("publisher_vs_sync_confirms", "publisher / sync confirms", "(target >= 8)")
-    ratio("consumer_vs_auto_ack", "consumer / auto-ack", "(target >= 0.5)")
+    ratio("consumer_vs_auto_ack", "consumer / auto-ack", "(target >= 0.6)")
+    p50, p99 = summary["latency_p50_ms_range"], summary["latency_p99_ms_range"]
     print(
-        f"latency at {args.rate} msg/s: p50 {summary['latency_p50_ms']} ms, "
-        f"p99 {summary['latency_p99_ms']} ms (target p99 < 20)"
+        f"latency at {args.rate} msg/s, median of {summary['latency_windows']} windows: "
+        f"p50 {summary['latency_p50_ms']} ms ({p50[0]}-{p50[1]}), p99 "
+        f"{summary['latency_p99_ms']} ms ({p99[0]}-{p99[1]}) (target p99 < 10)"
     )
     print(f"peak RSS {summary['peak_rss_mb']} MB")
 

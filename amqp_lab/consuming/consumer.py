@@ -292,8 +292,6 @@ class Consumer:
         ack_interval = self.config.ack_interval
         for method, properties, body in consuming:
             now = time.monotonic()
-            self.watch.check()
-            self._note_unacked(channel, len(pending) + (method is not None))
             if method is not None:
                 if not pending:
                     batch_started = now
@@ -302,6 +300,10 @@ class Consumer:
                 last_activity = now
                 if len(pending) < batch_size and now - batch_started < ack_interval:
                     continue  # the hot path: collecting a batch (stop() is seen at its end)
+            # once per batch (or inactivity tick), not per delivery: the handler watch and
+            # the unacked gauge
+            self.watch.check()
+            self._note_unacked(channel, len(pending))
             if self._stop.is_set():
                 break
             full = len(pending) >= batch_size

@@ -69,6 +69,8 @@ class HandlerWatch:
 
     def finished(self, key: int) -> None:
         """The handler call for ``key`` returned or raised."""
+        if self.warn_after is None:
+            return
         with self._lock:
             entry = self._running.get(key)
             if entry is not None:
@@ -76,6 +78,8 @@ class HandlerWatch:
 
     def forget(self, keys: list[int]) -> None:
         """The deliveries' unit is done: drop them."""
+        if self.warn_after is None:
+            return
         with self._lock:
             for key in keys:
                 self._running.pop(key, None)

@@ -206,8 +206,8 @@ class HandlerRunner:
             self.watch.started(key, message_id)
             started = time.perf_counter()
             try:
-                if d.span is None:
-                    work(db)
+                if d.span is None or d.span is trace.INVALID_SPAN:
+                    work(db)  # no trace context: nothing to make current
                 else:
                     with trace.use_span(
                         d.span,

@@ -215,6 +215,8 @@ def end_process_span(span: Span, outcome: str, error: BaseException | None) -> N
     """End a process span with its settlement: ``amqp_lab.outcome`` (processed, duplicate,
     requeued, dead-lettered, parked...) and, for a failed handler, the exception and an
     ERROR status."""
+    if span is trace.INVALID_SPAN:
+        return  # nothing recorded (start_process_span without an SDK or a trace context)
     try:
         span.set_attribute("amqp_lab.outcome", outcome)
         if error is not None:  # the message masked, as in every log line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,13 +40,16 @@ def bench_queues(settings: BrokerSettings) -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
-    summary = summary_of(
-        run_bench(
-            vhost,
-            *("--messages", "400", "--repeat", "1", "--seconds", "1", "--rate", "200", "--json"),
-        )
+def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings, tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    history.write_text('{"commit": "before", "consumer_vs_auto_ack": 0.5}\nnot json\n')
+    result = run_bench(
+        vhost,
+        *("--messages", "400", "--repeat", "1", "--seconds", "1", "--rate", "200", "--json"),
+        *("--windows", "2", "--concurrency", "2", "--metrics"),
+        *("--history", str(history), "--compare"),
     )
+    summary = summary_of(result)
     for key in (
         "publisher_vs_fire_and_forget",
         "publisher_vs_sync_confirms",
@@ -55,7 +59,14 @@ def test_bench_runs_and_prints_the_ratios(vhost: BrokerSettings) -> None:
         "peak_rss_mb",
     ):
         assert summary[key] > 0, key
-    assert summary["latency_samples"] == 200
+    assert summary["latency_samples"] == 400 and summary["latency_windows"] == 2
+    low, high = summary["latency_p99_ms_range"]
+    assert low <= summary["latency_p99_ms"] <= high
+    assert (summary["concurrency"], summary["metrics"]) == (2, True)
+    assert "against before" in result.stdout  # --compare: the last recorded run
+    recorded = strict_json(history.read_text().splitlines()[-1])
+    assert recorded["consumer_vs_auto_ack"] == summary["consumer_vs_auto_ack"]
+    assert recorded["broker_version"] == summary["broker_version"] != "?"
     assert summary["queue_type"] == "classic"
     assert summary["queue_arguments"]["x-queue-type"] == "classic"
     assert summary["counts"]["our_consumer"] == 400
@@ -69,7 +80,7 @@ def test_quorum_bench_counts_every_message_of_every_path(vhost: BrokerSettings) 
     result = run_bench(
         two,
         *("--queue-type", "quorum", "--messages", "300", "--repeat", "2"),
-        *("--seconds", "1", "--rate", "200", "--json"),
+        *("--seconds", "1", "--windows", "1", "--rate", "200", "--json", "--no-record"),
     )
     summary = summary_of(result)
     # the broker says the queue is a quorum queue (a classic declare of it fails with 406)
