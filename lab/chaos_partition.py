@@ -197,8 +197,14 @@ class PartitionChaos:
         names, as the management API lists them once they are 1-5 s old): the leader's node;
         the publisher's (waiting while it reconnects); for a consumer, the node of a worker
         other than the leader's, or else the leader's if a worker is there, or else another."""
-        self._wait("the connections show", lambda: len(connections_by_node(self.settings)) > 1, 8)
-        on = connections_by_node(self.settings)
+        everyone = {connection_name(w) for w in ["publisher", *self.pool.names]}
+        on: dict[str, str] = {}
+
+        def listed() -> bool:
+            on.update(connections_by_node(self.settings))
+            return everyone <= set(on)
+
+        self._wait("every connection shows", listed, 8)
         self.log(
             "connections: "
             + ", ".join(f"{c.removeprefix(connection_name(''))} {n}" for c, n in sorted(on.items()))
