@@ -89,6 +89,7 @@ class PartitionChaos:
         self.timeout, self.progress = timeout, progress
         self.faults: list[Fault] = []
         self.missing = ""  # what was not whole yet at the last look (for the log)
+        self.leader = ""  # q:tasks' leader at the last look
 
     def run(self) -> list[Fault]:
         """Publish, consume, fault and heal; returns once every message was handed over and
@@ -101,10 +102,9 @@ class PartitionChaos:
         end = 0
         for i, (step, size) in enumerate(zip(self.steps, sizes, strict=False)):
             before, end = end, end + size
-            self._wait("the cluster is whole", self._whole)
             if self.faults:
                 self.faults[-1].refused_after = self.publisher.refused()
-            leader = self._leader()
+            leader = self._leader()  # once the cluster is whole
             node, carried = self._target(step.role, leader)
             head = max(1, size // 3)
             self.publisher.allow(head - 1 if i == 0 else head)
@@ -154,7 +154,7 @@ class PartitionChaos:
         observer = next(n for n in self.cluster.nodes if n != node)
         seen = declared_down_at(self.cluster, observer, node.nodename, fault.at)
         fault.detected_s = None if seen is None else round(seen - fault.at, 1)
-        fault.leader_after = self.cluster.queue_leader(self.settings.vhost, QUEUE)
+        fault.leader_after = self.leader
         self.log(
             f"healed {node.nodename}: {observer.nodename} declared it down "
             f"{'never' if seen is None else f'after {fault.detected_s} s'}; whole again "
@@ -175,16 +175,10 @@ class PartitionChaos:
         self.publisher.allow(max(0, end - self.publisher.allowed))
 
     def _leader(self) -> str:
-        found: list[str] = []
-
-        def known() -> bool:
-            leader = self.cluster.queue_leader(self.settings.vhost, QUEUE)
-            found[:] = [leader] if leader else []
-            return bool(found)
-
-        if not self._wait(f"{QUEUE} has a leader", known):
+        """The node name of q:tasks' leader, as its Raft members report it."""
+        if not self._wait(f"{QUEUE} has a leader", self._whole):
             raise ClusterError(f"queue {QUEUE!r} has no leader: cannot choose the nodes")
-        return found[0]
+        return self.leader
 
     def _publisher_node(self) -> ClusterNode | None:
         address = self.publisher.address
@@ -219,16 +213,22 @@ class PartitionChaos:
         return node, [c for c, n in on.items() if n == node.nodename]
 
     def _whole(self) -> bool:
-        """Every node runs and sees the others, and q:tasks has a leader and every member
-        online (management API; ``missing`` says what was not so at the last look)."""
-        info = self.cluster.queue_info(self.settings.vhost, QUEUE) or {}
-        online = sorted(info.get("online") or [])
+        """Every node runs and sees the others (management API), and q:tasks has one leader
+        and every other member follows it (``rabbitmq-queues quorum_status``: the Raft
+        members' own word; the management API's ``online`` list lagged it by up to 83 s
+        after a partition healed). Sets ``leader``; ``missing`` says what was not so at the
+        last look."""
+        try:
+            members = self.cluster.quorum_status(self.settings.vhost, QUEUE)
+        except ClusterError as e:
+            members, self.missing = [], str(e)
+        states = {str(m.get("Node Name")): str(m.get("Raft State")) for m in members}
+        leaders = [n for n, state in states.items() if state == "leader"]
+        self.leader = leaders[0] if len(leaders) == 1 else ""
         seen = {n.nodename: len(self.cluster.members_seen(n)) for n in self.cluster.nodes}
-        self.missing = (
-            f"{QUEUE} online {online} leader {info.get('leader')}; members each node sees {seen}"
-        )
-        whole = len(online) == len(seen) and bool(info.get("leader"))
-        return whole and set(seen.values()) == {len(seen)}
+        self.missing = f"{QUEUE} members {states}; members each node sees {seen}"
+        following = set(states.values()) <= {"leader", "follower"} and len(states) == len(seen)
+        return bool(self.leader) and following and set(seen.values()) == {len(seen)}
 
     def _resumed(self, at: float) -> bool:
         self.tally.update(self.pool.outputs)

@@ -88,11 +88,11 @@ def test_partitions_and_pauses_lose_nothing_and_apply_nothing_twice(
         timeout=420,
     )
     took = time.monotonic() - started
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    print(result.stdout.rsplit("\n", 2)[0], result.stderr, sep="\n")  # shown when it fails
+    assert result.returncode == 0
     summary: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
     events: list[dict[str, Any]] = summary["events"]
-    print(f"partition chaos took {took:.0f}s (run {summary['seconds']}s): {events}")
+    print(f"partition chaos took {took:.0f}s (run {summary['seconds']}s)")
     assert (summary["lost"], summary["applied_twice"]) == (0, 0)
     assert {k: summary[k] for k in ("published_confirmed", "distinct_ledger_ids", "in_dlq")} == {
         "published_confirmed": MESSAGES,
