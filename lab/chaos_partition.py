@@ -137,6 +137,7 @@ class PartitionChaos:
             publishing=self.publisher.handed < end,
             consuming=bool(self.pool.busy(within=0.5)),
         )
+        began = time.monotonic()
         (self.cluster.disconnect if step.kind == PARTITION else self.cluster.pause)(node)
         self.log(
             f"{step.kind.upper()} {node.nodename} for {step.hold:.1f} s ({step.role}; "
@@ -147,9 +148,10 @@ class PartitionChaos:
         )
         self._hold(step.hold, end)
         (self.cluster.reconnect if step.kind == PARTITION else self.cluster.unpause)(node)
-        fault.healed_at = time.time()
+        healed = time.monotonic()
+        fault.held_s = healed - began
         if self._wait(f"{node.nodename} is back and q:tasks whole", self._whole):
-            fault.rejoined_s = round(time.time() - fault.healed_at, 1)
+            fault.rejoined_s = round(time.monotonic() - healed, 1)
         self._wait("confirms and deliveries resume", lambda: self._resumed(fault.at))
         observer = next(n for n in self.cluster.nodes if n != node)
         seen = declared_down_at(self.cluster, observer, node.nodename, fault.at)

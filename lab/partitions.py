@@ -125,7 +125,8 @@ class FaultPlan:
 @dataclass
 class Fault:
     """One fault as it happened: ``step`` on ``node`` (an Erlang node name) from ``at`` (when
-    the docker call began) to ``healed_at``; what the node carried then (the queue's leader
+    the docker call began) until healed, ``held_s`` later (measured on the monotonic clock,
+    so a step of the wall clock cannot stretch it); what the node carried then (the queue's leader
     ``leader_before``, the publisher's connection, ``workers_on_node`` worker connections as
     the management API listed them), whether a portion was being handed over
     (``publishing``) and a worker had just settled a delivery (``consuming``); the publisher's
@@ -144,7 +145,7 @@ class Fault:
     workers_on_node: int = 0
     publishing: bool = False
     consuming: bool = False
-    healed_at: float | None = None
+    held_s: float | None = None
     detected_s: float | None = None
     rejoined_s: float | None = None
     leader_after: str | None = None
@@ -156,7 +157,7 @@ class Fault:
             "kind": self.step.kind,
             "role": self.step.role,
             "long": self.step.long,
-            "hold_s": None if self.healed_at is None else round(self.healed_at - self.at, 1),
+            "hold_s": None if self.held_s is None else round(self.held_s, 1),
             "detected_s": self.detected_s,
             "rejoined_s": self.rejoined_s,
             "leader_after": self.leader_after,

@@ -89,9 +89,9 @@ def fault(at: float, step: Step | None = None, **facts: Any) -> Fault:
 
 
 def test_a_fault_report_times_the_resumption_and_counts_its_window() -> None:
-    first = fault(100.0, healed_at=125.6, detected_s=11.2, rejoined_s=6.1)
+    first = fault(100.0, held_s=25.62, detected_s=11.2, rejoined_s=6.1)
     first.refused_after = {"nacked": 1, "timed_out": 31, "lost": 4}
-    second = fault(200.0, Step(PAUSE, PUBLISHER, 23.0), healed_at=223.0)
+    second = fault(200.0, Step(PAUSE, PUBLISHER, 23.0), held_s=23.0)
     records = [
         PublishRecord("m-1", sent_at=99.0, done_at=112.0, confirmed=True),  # outstanding
         PublishRecord("m-2", sent_at=101.0, done_at=110.5, confirmed=True),  # first after
