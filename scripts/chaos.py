@@ -139,9 +139,10 @@ def parse_args() -> argparse.Namespace:
         )
     if (args.heartbeat is not None and args.heartbeat < 1) or (args.heartbeat and not args.cluster):
         parser.error("--heartbeat goes with --cluster and is >= 1 second")
-    faults = args.partitions + args.pauses if args.partition else args.kills
-    if args.cluster and args.messages < 10 * (faults + 1):
-        parser.error("--cluster needs --messages >= 10 * (faults + 1): a portion per fault")
+    if args.cluster and not args.partition and args.messages < 10 * (args.kills + 1):
+        parser.error("--cluster needs --messages >= 10 * (--kills + 1): a portion per kill")
+    if args.partition and args.messages < 10 * (args.partitions + args.pauses + 1):
+        parser.error("--partition needs --messages >= 10 * (--partitions + --pauses + 1)")
     if args.ordered and (args.cluster or args.unsafe_auto_ack or args.ack_batch != 1):
         parser.error("--ordered: no --cluster, --unsafe-auto-ack or --ack-batch")
     if args.ordered and (args.keys < 1 or args.fail_every < 0 or not 1 <= args.shards <= 1000):
