@@ -149,7 +149,10 @@ class OutputTally:
         at, started = data.get("at"), data.get("started")
         if isinstance(at, int | float):
             began = started if isinstance(started, int | float) else None
-            self.settled.append(Settled(began, at, report.redelivered, report.message_id))
+            duplicate = report.outcome == "duplicate"
+            self.settled.append(
+                Settled(began, at, report.redelivered, report.message_id, duplicate)
+            )
         self.counts["deliveries"] += 1
         self.counts[f"outcome:{report.outcome}"] += 1
         if report.redelivered:

@@ -24,8 +24,10 @@ class GatedPublisher(threading.Thread):
     ``rate`` messages per second (0: no cap), and never past what :meth:`allow` granted, so
     the orchestrator decides when messages are in flight.
 
-    ``records`` (one per publish, in hand-over order) is complete once the thread has ended;
-    ``error`` holds what stopped it early (the publisher could not connect or failed)."""
+    ``confirm_timeout``: seconds without a confirm before the publisher gives a connection up
+    (the PipelinedPublisher's). ``records`` (one per publish, in hand-over order) is complete
+    once the thread has ended; ``error`` holds what stopped it early (the publisher could not
+    connect or failed)."""
 
     def __init__(
         self,
@@ -35,9 +37,11 @@ class GatedPublisher(threading.Thread):
         dup_every: int = 10,
         rate: float = 0.0,
         window: int = 50,
+        confirm_timeout: float | None = 30.0,
     ) -> None:
         super().__init__(name="chaos-cluster-publisher", daemon=True)
         self.settings, self.run_id, self.count = settings, run_id, count
+        self.confirm_timeout = confirm_timeout
         self.dup_every, self.rate, self.window = dup_every, rate, window
         self.records: list[PublishRecord] = []
         self.handed = 0  # messages handed over (a duplicate pair counts once)
@@ -60,6 +64,34 @@ class GatedPublisher(threading.Thread):
         """Connections the publisher replaced (or failed to open) so far."""
         return 0 if self._publisher is None else self._publisher.reconnects
 
+    @property
+    def address(self) -> BrokerSettings | None:
+        """The node the publisher's open connection goes to (None: between connections)."""
+        return None if self._publisher is None else self._publisher.address
+
+    def refused(self) -> dict[str, int]:
+        """Publishes whose confirm did not come so far: ``nacked`` (basic.nack), ``timed_out``
+        (unconfirmed when the confirm timeout gave the connection up), ``lost`` (unconfirmed
+        when the connection was lost otherwise); each was retried (lab.failover's fates)."""
+        pub = self._publisher
+        if pub is None:
+            return {"nacked": 0, "timed_out": 0, "lost": 0}
+        return {"nacked": pub.nacks, "timed_out": pub.confirms_timed_out, "lost": pub.confirms_lost}
+
+    @property
+    def allowed(self) -> int:
+        """Messages allowed so far (:meth:`allow`)."""
+        with self._gate:
+            return self._allowed
+
+    def snapshot(self) -> list[PublishRecord]:
+        """The publishes so far, as ``records`` will hold them (in hand-over order)."""
+        with self._lock:
+            return [
+                self._done.get(i, PublishRecord(m, sent_at))
+                for i, (m, sent_at) in sorted(self._sent_at.items())
+            ]
+
     def confirmed_count(self) -> int:
         """Publishes confirmed so far."""
         with self._lock:
@@ -67,18 +99,19 @@ class GatedPublisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            with PipelinedPublisher(self.settings, window=self.window, max_reconnects=30) as pub:
+            with PipelinedPublisher(
+                self.settings,
+                window=self.window,
+                max_reconnects=30,
+                confirm_timeout=self.confirm_timeout,
+            ) as pub:
                 self._publisher = pub
                 self._publish_all(pub)
                 pub.flush(timeout=180)
         except AmqpLabError as e:
             self.error = e
         finally:
-            with self._lock:
-                self.records = [
-                    self._done.get(i, PublishRecord(m, sent_at))
-                    for i, (m, sent_at) in sorted(self._sent_at.items())
-                ]
+            self.records = self.snapshot()
 
     def _publish_all(self, pub: PipelinedPublisher) -> None:
         due = time.monotonic()  # the rate cap: when the next message may go

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -135,11 +136,17 @@ def run_worker(
     work_seconds: float = 0.0,
     prefetch: int | None = None,
     ack_batch: int = 1,
+    stay: bool = False,
 ) -> int:
     """Consume until idle with the stop file present; return the exit code (0). With
     ``ack_batch`` > 1 the store's process_batch covers each batch. ``prefetch`` (basic.qos):
     by default the larger of 10 and 2 * ack_batch. Each report line carries the time the
-    delivery's dedup transaction began (:class:`TimedStore`, for lab.failover)."""
+    delivery's dedup transaction began (:class:`TimedStore`, for lab.failover).
+
+    By default the consumer leaves after a second without a delivery and reconnects (to a node
+    of the list, from a random start) until the stop file appears. With ``stay`` it keeps its
+    connection while idle, as scripts/worker.py does, so that a worker on the minority side of
+    a partition stays there (lab.chaos_partition); :func:`stop_when_drained` ends it."""
     store = open_store(dedup_url)
     started: dict[str, float] = {}
     timed = TimedStore(store, started)
@@ -152,16 +159,40 @@ def run_worker(
         NAMES,
         prefetch=max(10, 2 * ack_batch) if prefetch is None else prefetch,
         ack_batch=ack_batch,
-        idle_exit=IDLE_EXIT,
+        idle_exit=None if stay else IDLE_EXIT,
         reconnect_attempts=30,
     )
     try:
         while True:
             if unsafe_auto_ack:
                 consume_auto_ack(settings, store, handler)
+            elif stay:
+                consumer = Consumer(settings, handler, timed, config, on_report=on_report)
+                done = threading.Event()
+                watch = (consumer, stop_file, done)
+                threading.Thread(target=stop_when_drained, args=watch, daemon=True).start()
+                try:
+                    consumer.run()
+                finally:
+                    done.set()
             else:
                 Consumer(settings, handler, timed, config, on_report=on_report).run()
             if stop_file.exists():
                 return 0
     finally:
         store.close()
+
+
+def stop_when_drained(
+    consumer: Consumer, stop_file: Path, done: threading.Event, idle: float = IDLE_EXIT
+) -> None:
+    """Stop ``consumer`` once ``stop_file`` exists and it has handled nothing for ``idle``
+    seconds (the default consumer's idle exit, for a consumer that has none); return early
+    when ``done`` is set (the consumer ended by itself)."""
+    last, since = -1, time.monotonic()
+    while not done.wait(0.2):
+        if consumer.handled != last:
+            last, since = consumer.handled, time.monotonic()
+        elif stop_file.exists() and time.monotonic() - since >= idle:
+            consumer.stop("the crash test is draining")
+            return

@@ -8,6 +8,11 @@ management API (15672) are published on 127.0.0.1 (defaults 5701.. and 15701..).
 join node 1 with ``rabbitmqctl stop_app``, ``join_cluster rabbit@rmq1``, ``start_app``
 (https://www.rabbitmq.com/docs/clustering#creating). Data lives in the container, so a killed
 and restarted node keeps its identity and rejoins by itself; :meth:`Cluster.stop` removes it.
+
+The nodes talk over an internal Docker network of their own; clients reach them through the
+published ports on Docker's default bridge. :meth:`Cluster.disconnect` cuts one node off the
+others while its clients keep their connections (the minority side of a partition), and
+:meth:`Cluster.pause` freezes one (docs/cluster.md#partitions).
 """
 
 from __future__ import annotations
@@ -25,11 +30,21 @@ from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from lab.cluster_nodes import ClusterError, ClusterNode, NodeContainers, NodeStatus
 
-__all__ = ["DEFAULT_IMAGE", "DEFAULT_NAME", "Cluster", "ClusterError", "ClusterNode", "NodeStatus"]
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DEFAULT_NAME",
+    "PARTITION_TIMERS",
+    "Cluster",
+    "ClusterError",
+    "ClusterNode",
+    "NodeStatus",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = "amqp-lab/rabbitmq:sid"
 DEFAULT_NAME = "amqp-lab-cluster"
+PARTITION_TIMERS = ROOT / "lab" / "partition_timers.conf"
+"""Shorter failure detection for the partition chaos (docs/cluster.md#partitions)."""
 
 NodeRef = str | int | ClusterNode
 """A node: a ClusterNode, its index (1, "1"), hostname ("rmq1"), node name ("rabbit@rmq1")
@@ -40,8 +55,10 @@ class Cluster:
     """A ``size``-node cluster named ``name`` (the Docker network; containers ``name-rmqN``).
 
     Ports: node N gets ``amqp_port + N - 1`` and ``management_port + N - 1``. Timeouts are in
-    seconds. Methods raise :class:`ClusterError` when Docker does not answer or a wait times
-    out, and ManagementError when no node's management API answers.
+    seconds. ``extra_config``: a rabbitmq.conf fragment each new node reads after
+    ``config_file`` (e.g. :data:`PARTITION_TIMERS`). Methods raise :class:`ClusterError` when
+    Docker does not answer or a wait times out, and ManagementError when no node's management
+    API answers.
     """
 
     def __init__(
@@ -55,11 +72,13 @@ class Cluster:
         config_file: Path = ROOT / "rabbitmq.conf",
         username: str = "guest",
         password: str = "guest",
+        extra_config: Path | None = None,
     ) -> None:
         if size < 1:
             raise ClusterError(f"a cluster needs at least one node, not {size}")
         self.image, self.name, self.cookie = image, name, cookie
         self.config_file, self.username, self.password = config_file, username, password
+        self.extra_config = extra_config
         self.nodes: tuple[ClusterNode, ...] = tuple(
             ClusterNode(i, f"rmq{i}", f"{name}-rmq{i}", amqp_port + i - 1, management_port + i - 1)
             for i in range(1, size + 1)
@@ -136,6 +155,10 @@ class Cluster:
         except ValueError as e:
             raise ClusterError(f"quorum_status {queue}: unexpected output {text[:200]!r}") from e
         return [dict(m) for m in members]
+
+    def node_log(self, node: NodeRef, needle: str, since: float) -> str:
+        """The node's log lines that contain ``needle`` (lab.cluster_nodes, ``log_lines``)."""
+        return self.containers.log_lines(self.node(node), needle, since)
 
     # --- management API ------------------------------------------------------------------------
     def members_seen(self, node: NodeRef, running: bool = True) -> tuple[str, ...]:
@@ -217,7 +240,7 @@ class Cluster:
                 for port in (node.amqp_port, node.management_port):
                     if _port_open(port):
                         raise ClusterError(f"port 127.0.0.1:{port} for {node.nodename} is taken")
-                self.containers.create(node, self.cookie, self.config_file)
+                self.containers.create(node, self.cookie, self.config_file, self.extra_config)
             else:
                 self.containers.start(node)
         for node in self.nodes:
@@ -253,8 +276,46 @@ class Cluster:
         _poll(rejoined, time.monotonic() + timeout, f"{n.nodename} is back in the cluster")
         return True
 
+    def disconnect(self, node: NodeRef) -> None:
+        """Cut the node off from the others: ``docker network disconnect`` from the cluster
+        network (lab.cluster_nodes.NodeContainers.disconnect). Clients still reach it."""
+        self.containers.disconnect(self.node(node))
+
+    def reconnect(self, node: NodeRef) -> bool:
+        """``docker network connect`` the node again (alias ``rmqN``); False when it was
+        connected already. Returns at once: the nodes find each other again by themselves."""
+        return self.containers.connect(self.node(node))
+
+    def pause(self, node: NodeRef) -> None:
+        """Freeze the node (``docker pause``)."""
+        self.containers.pause(self.node(node))
+
+    def unpause(self, node: NodeRef) -> bool:
+        """Thaw a frozen node (``docker unpause``); False when it was not paused."""
+        return self.containers.unpause(self.node(node))
+
+    def client_paths_survive_a_cut(self) -> bool:
+        """Whether cutting a node off the cluster network leaves its client connections up:
+        the network is internal (a cluster created before it was is not: stop and start it)."""
+        return bool(self.containers.network_internal())
+
+    def heal(self) -> list[str]:
+        """Unpause every paused node and reconnect every cut-off one (an interrupted partition
+        run leaves them so); the node names it healed."""
+        healed = []
+        for node in self.nodes:
+            state = self.state(node)
+            if state == "paused" and self.unpause(node):
+                healed.append(node.nodename)
+            if self.state(node) == "running" and self.reconnect(node):
+                healed.append(node.nodename)
+        return healed
+
     def stop(self) -> None:
-        """Remove the containers (with their volumes) and the network. Nothing there is fine."""
+        """Remove the containers (with their volumes) and the network, paused ones too.
+        Nothing there is fine."""
+        for node in self.nodes:
+            self.containers.unpause(node)
         self.containers.remove(self.nodes)
 
     def status(self) -> list[NodeStatus]:

@@ -3,7 +3,9 @@
 :class:`ClusterNode` is one node's identity and addresses; :class:`NodeContainers` creates,
 starts, kills, execs in and removes the node containers of one cluster, on one Docker network
 where each container answers to its hostname (``rmqN``, a network alias), so the Erlang
-distribution between ``rabbit@rmq1``, ``rabbit@rmq2``... resolves.
+distribution between ``rabbit@rmq1``, ``rabbit@rmq2``... resolves. That network is internal:
+clients come in through ports published on Docker's default bridge, a path of their own, so a
+node cut off the cluster network (:meth:`NodeContainers.disconnect`) still serves its clients.
 Every Docker failure becomes a :class:`ClusterError` naming what was being done.
 """
 
@@ -20,6 +22,7 @@ from amqp_lab.errors import AmqpLabError
 
 LABEL = "amqp-lab.cluster"
 AMQP_PORT, MANAGEMENT_PORT = 5672, 15672  # inside each container
+CONF_D = "/etc/rabbitmq/conf.d"
 
 
 class ClusterError(AmqpLabError):
@@ -127,6 +130,19 @@ class NodeContainers:
             raise ClusterError(f"{' '.join(argv)} on {node.nodename} exited {code}: {tail}")
         return out
 
+    def log_lines(self, node: ClusterNode, needle: str, since: float) -> str:
+        """The lines of the node's log that contain ``needle``: its log file (our image:
+        ``/var/log/rabbitmq/NODENAME.log``, grep), or else what it wrote to its standard
+        output since ``since`` (epoch seconds; the official images log there)."""
+        container = self.running(node)
+        path = f"/var/log/rabbitmq/{node.nodename}.log"
+        with docker_errors(f"reading the log of {node.nodename}"):
+            code, out = container.exec_run(["grep", "-F", "-e", needle, path])
+            if code in (0, 1):  # 1: no line matched
+                return str(out.decode(errors="replace"))
+            logs = container.logs(since=int(since) - 1).decode(errors="replace")
+        return "\n".join(line for line in logs.splitlines() if needle in line)
+
     def ensure_image(self) -> None:
         """ClusterError saying how to build the image when it is absent."""
         import docker
@@ -140,28 +156,45 @@ class NodeContainers:
                     f"scripts/build_test_image.sh sid {self.image}"
                 ) from e
 
+    def network_internal(self) -> bool | None:
+        """Whether the cluster network is internal (None: it does not exist)."""
+        with docker_errors(f"inspecting network {self.network}"):
+            found = self.client().networks.list(names=[self.network])
+        return None if not found else bool(found[0].attrs.get("Internal"))
+
     def ensure_network(self) -> Any:
-        """The cluster's bridge network, created when missing."""
+        """The cluster's bridge network, created when missing: ``internal``, so Docker never
+        routes the published ports through it (they go through its default bridge) and
+        cutting a node off this network leaves its client connections up."""
         with docker_errors(f"creating network {self.network}"):
             found = self.client().networks.list(names=[self.network])
             if found:
                 return found[0]
             return self.client().networks.create(
-                self.network, driver="bridge", labels={LABEL: self.network}
+                self.network, driver="bridge", internal=True, labels={LABEL: self.network}
             )
 
-    def create(self, node: ClusterNode, cookie: str, config_file: Path) -> None:
+    def create(
+        self, node: ClusterNode, cookie: str, config_file: Path, extra_config: Path | None = None
+    ) -> None:
         """Create and start the node's container: ``--hostname``, RABBITMQ_NODENAME, the shared
-        RABBITMQ_ERLANG_COOKIE, ``config_file`` mounted read-only as rabbitmq.conf, ports
-        published on 127.0.0.1, and the hostname as its alias on the cluster network."""
+        RABBITMQ_ERLANG_COOKIE, ``config_file`` mounted read-only as rabbitmq.conf (and
+        ``extra_config``, when given, as ``conf.d/90-amqp-lab.conf``: RabbitMQ reads the
+        files of conf.d after rabbitmq.conf, https://www.rabbitmq.com/docs/configure#config-confd-directory),
+        ports published on 127.0.0.1 (through Docker's default bridge network, which the
+        container joins first), and the hostname as its alias on the cluster network (the
+        Erlang distribution's only path between the nodes)."""
         network = self.ensure_network()
+        volumes = {str(config_file): {"bind": "/etc/rabbitmq/rabbitmq.conf", "mode": "ro"}}
+        if extra_config is not None:
+            volumes[str(extra_config)] = {"bind": CONF_D + "/90-amqp-lab.conf", "mode": "ro"}
         with docker_errors(f"creating {node.container}"):
             container = self.client().containers.create(
                 self.image,
                 name=node.container,
                 hostname=node.hostname,
                 environment={"RABBITMQ_NODENAME": node.nodename, "RABBITMQ_ERLANG_COOKIE": cookie},
-                volumes={str(config_file): {"bind": "/etc/rabbitmq/rabbitmq.conf", "mode": "ro"}},
+                volumes=volumes,
                 ports={
                     f"{AMQP_PORT}/tcp": ("127.0.0.1", node.amqp_port),
                     f"{MANAGEMENT_PORT}/tcp": ("127.0.0.1", node.management_port),
@@ -186,6 +219,47 @@ class NodeContainers:
         container = self.running(node)
         with docker_errors(f"killing {node.container}"):
             container.kill(signal="SIGKILL")
+
+    def disconnect(self, node: ClusterNode) -> None:
+        """``docker network disconnect`` the node's container from the cluster network: its
+        Erlang distribution links to the other nodes go silent (no reset: each side finds out
+        by the net tick timeout), while clients still reach it through its published ports."""
+        container = self.running(node)
+        with docker_errors(f"disconnecting {node.container} from {self.network}"):
+            self.ensure_network().disconnect(container)
+
+    def connect(self, node: ClusterNode) -> bool:
+        """``docker network connect`` the node's container to the cluster network again, with
+        its hostname as alias; False when it was connected already (nothing done)."""
+        container = self.running(node)
+        if self.network in self.networks_of(node):
+            return False
+        with docker_errors(f"connecting {node.container} to {self.network}"):
+            self.ensure_network().connect(container, aliases=[node.hostname])
+        return True
+
+    def networks_of(self, node: ClusterNode) -> list[str]:
+        """The Docker networks the node's container is attached to ([] when it is absent)."""
+        container = self.get(node)
+        if container is None:
+            return []
+        return sorted((container.attrs.get("NetworkSettings") or {}).get("Networks") or {})
+
+    def pause(self, node: ClusterNode) -> None:
+        """``docker pause``: freeze every process of the node (cgroup freezer). Its kernel still
+        accepts TCP connections and buffers what peers and clients send; nothing answers."""
+        container = self.running(node)
+        with docker_errors(f"pausing {node.container}"):
+            container.pause()
+
+    def unpause(self, node: ClusterNode) -> bool:
+        """``docker unpause``; False when the container was not paused (nothing done)."""
+        container = self.get(node)
+        if container is None or container.status != "paused":
+            return False
+        with docker_errors(f"unpausing {node.container}"):
+            container.unpause()
+        return True
 
     def remove(self, nodes: tuple[ClusterNode, ...]) -> None:
         """Remove the nodes' containers (with their volumes) and the network, where present."""

@@ -50,13 +50,15 @@ class PublishRecord:
 @dataclass(frozen=True)
 class Settled:
     """One delivery of ``message_id`` a worker settled: ``started`` when the worker began it
-    (its dedup transaction; None: not known), ``at`` when it was reported settled, and whether
-    the broker flagged it ``redelivered``."""
+    (its dedup transaction; None: not known), ``at`` when it was reported settled, whether
+    the broker flagged it ``redelivered``, and whether dedup found it a ``duplicate`` (an
+    effect applied before: acked, not applied again)."""
 
     started: float | None
     at: float
     redelivered: bool = False
     message_id: str | None = None
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ then check that every confirmed message_id was applied exactly once or dead-lett
     python scripts/chaos.py [--messages 2000] [--kills 5] [--workers 3] [--closes F]
                             [--dedup-url URL] [--unsafe-auto-ack] [--seed S] [--json]
     python scripts/chaos.py --cluster [--messages 2000] [--kills 5] ...   (docs/cluster.md)
+    python scripts/chaos.py --cluster --partition [--partitions 2] [--pauses 2]
+                            [--heartbeat S] [--confirm-timeout S] ...     (docs/cluster.md)
     python scripts/chaos.py --ordered [--keys 50] [--shards 4] [--fail-every 7] ...
                                                                           (docs/ordering.md)
 
@@ -19,6 +21,14 @@ and each of the F kills is a SIGKILL of the node that hosts the leader of quorum
 while publishing and consuming, then a restart of that node (lab.chaos_cluster); the summary
 adds, per kill, the consumers' resume time and the confirms outstanding at the kill and their
 fate.
+
+With --cluster --partition, the faults are network partitions instead: P times one node's
+container is cut off the cluster network (docker network disconnect, then connect), Z times
+one is frozen (docker pause, then unpause), alternating, on the nodes that matter (the leader
+of q:tasks, the publisher's node, a consumer's node), each held as long as the cluster's
+failure-detection timers need (lab.partitions, lab.chaos_partition); the summary adds, per
+fault, when the other nodes declared the node down, the confirms refused on its side (nacked,
+timed out, lost) and the time until confirms and deliveries flowed again.
 
 Each handler effect is one row in a ``ledger`` table in the dedup store's database, written in
 the dedup transaction. With --json the last line is the summary object. Exit 0 when the
@@ -52,6 +62,7 @@ from lab.chaos import create_ledger, plan_events
 from lab.chaos_cluster import ClusterChaosPlan, check_addresses, run_cluster_chaos
 from lab.chaos_ordered_run import OrderedChaosRun
 from lab.chaos_ordered_worker import FirstTryFaults, run_ordered_worker
+from lab.chaos_partition import plan_faults, run_partition_chaos
 from lab.chaos_pool import connection_name
 from lab.chaos_run import ChaosPlan, ChaosRun
 from lab.chaos_worker import QUEUE, run_worker
@@ -92,6 +103,11 @@ def parse_args() -> argparse.Namespace:
     cluster.add_argument("--cluster-amqp-port", type=int, default=5701, help="node 1's")
     cluster.add_argument("--cluster-management-port", type=int, default=15701, help="node 1's")
     cluster.add_argument("--window", type=int, default=50, help="unconfirmed publishes at most")
+    cluster.add_argument("--partition", action="store_true", help="partitions and pauses")
+    cluster.add_argument("--partitions", type=int, default=2, metavar="P", help="network cuts")
+    cluster.add_argument("--pauses", type=int, default=2, metavar="Z", help="docker pause")
+    cluster.add_argument("--heartbeat", type=int, default=None, help="clients' (default 30 s)")
+    cluster.add_argument("--confirm-timeout", type=float, default=30.0, metavar="S")
     ordered = parser.add_argument_group("--ordered: per-key order (docs/ordering.md)")
     ordered.add_argument("--ordered", action="store_true", help="keyed messages, ordered workers")
     ordered.add_argument("--keys", type=int, default=50, metavar="K")
@@ -115,8 +131,18 @@ def parse_args() -> argparse.Namespace:
         parser.error("--cluster kills leaders only: no --unsafe-auto-ack, --closes, --ack-batch")
     if args.cluster and (args.kills < 1 or args.window < 1):
         parser.error("--cluster needs --kills >= 1 and --window >= 1")
-    if args.cluster and args.messages < 10 * (args.kills + 1):
+    if args.partition and (not args.cluster or min(args.partitions, args.pauses) < 0):
+        parser.error("--partition needs --cluster, --partitions >= 0 and --pauses >= 0")
+    if args.partition and (args.partitions + args.pauses < 1 or args.confirm_timeout <= 0):
+        parser.error(
+            "--partition needs a fault (--partitions + --pauses >= 1), --confirm-timeout > 0"
+        )
+    if (args.heartbeat is not None and args.heartbeat < 1) or (args.heartbeat and not args.cluster):
+        parser.error("--heartbeat goes with --cluster and is >= 1 second")
+    if args.cluster and not args.partition and args.messages < 10 * (args.kills + 1):
         parser.error("--cluster needs --messages >= 10 * (--kills + 1): a portion per kill")
+    if args.partition and args.messages < 10 * (args.partitions + args.pauses + 1):
+        parser.error("--partition needs --messages >= 10 * (--partitions + --pauses + 1)")
     if args.ordered and (args.cluster or args.unsafe_auto_ack or args.ack_batch != 1):
         parser.error("--ordered: no --cluster, --unsafe-auto-ack or --ack-batch")
     if args.ordered and (args.keys < 1 or args.fail_every < 0 or not 1 <= args.shards <= 1000):
@@ -139,8 +165,9 @@ def main() -> int:
             args.work_ms / 1000,
         )
     if args.worker_process:
+        heartbeat = {"heartbeat": args.heartbeat} if args.heartbeat else {}
         return run_worker(
-            settings_from_env(connection_name(args.worker_process)),
+            settings_from_env(connection_name(args.worker_process), **heartbeat),
             args.dedup_url,
             args.run_id,
             args.worker_process,
@@ -149,6 +176,7 @@ def main() -> int:
             args.work_ms / 1000,
             prefetch=args.prefetch,
             ack_batch=args.ack_batch,
+            stay=args.partition,
         )
     if args.cluster:
         return cluster_main(args)
@@ -286,19 +314,26 @@ def ordered_main(args: argparse.Namespace) -> int:
 
 
 def cluster_main(args: argparse.Namespace) -> int:
-    """The --cluster run: quorum topology, leader kills (lab.chaos_cluster), the summary."""
+    """The --cluster run: quorum topology, leader kills (lab.chaos_cluster) or, with
+    --partition, partitions and pauses (lab.chaos_partition); the summary."""
     cluster = Cluster(
         size=args.cluster_size,
         name=args.cluster_name,
         amqp_port=args.cluster_amqp_port,
         management_port=args.cluster_management_port,
     )
-    settings = settings_from_env("amqp-lab chaos")
+    heartbeat = {"heartbeat": args.heartbeat} if args.heartbeat else {}
+    settings = settings_from_env("amqp-lab chaos", **heartbeat)
     check_addresses(settings, [n.amqp_url(settings.vhost) for n in cluster.nodes])
+    faults = (
+        plan_faults(cluster, settings.heartbeat, args.partitions, args.pauses, args.confirm_timeout)
+        if args.partition
+        else None
+    )
     apply_topology(settings, with_queue_type(load_topology(), "quorum"))
     run_id, workdir = prepare_run(settings, args)
     store = open_store(args.dedup_url)
-    portion = args.messages // (args.kills + 1)
+    portion = args.messages // ((len(faults.steps) if faults else args.kills) + 1)
     plan = ClusterChaosPlan(
         args.messages,
         args.kills,
@@ -310,6 +345,8 @@ def cluster_main(args: argparse.Namespace) -> int:
     command = [sys.executable, str(Path(__file__).resolve()), "--dedup-url", args.dedup_url]
     command += ["--run-id", run_id, "--stop-file", str(workdir / "stop")]
     command += ["--work-ms", str(args.work_ms), "--prefetch", str(args.prefetch or 1)]
+    command += ["--cluster", "--heartbeat", str(args.heartbeat)] if args.heartbeat else []
+    command += ["--cluster", "--partition"] if faults else []
     started = time.monotonic()
     progress = Progress("chaos --cluster", total=args.messages, unit="handed over")
 
@@ -319,23 +356,27 @@ def cluster_main(args: argparse.Namespace) -> int:
 
     try:
         create_ledger(store)
+        what = faults.describe() if faults else f"{args.kills} leader kills"
         log(
             f"run {run_id}: cluster {args.cluster_name}, {args.messages} messages at most "
-            f"{plan.rate:g}/s, {args.workers} workers, {args.kills} leader kills, "
-            f"store {store.location}"
+            f"{plan.rate:g}/s, {args.workers} workers, {what}, store {store.location}"
         )
-        summary = run_cluster_chaos(
-            cluster, settings, store, plan, command, run_id, workdir, log, progress
-        )
+        run_args = (command, run_id, workdir, log, progress)
+        if faults:
+            summary = run_partition_chaos(cluster, settings, store, plan, faults, *run_args)
+        else:
+            summary = run_cluster_chaos(cluster, settings, store, plan, *run_args)
         summary["store"] = store.dialect
     finally:
         progress.clear()
         store.close()
+    events = "events" if args.partition else "failovers"
     for key, value in summary.items():
-        if key != "failovers":
+        if key != events:
             print(f"{key}={value}")
-    for i, kill in enumerate(summary["failovers"], 1):
-        print(f"kill {i}: " + " ".join(f"{k}={v}" for k, v in kill.items()))
+    for i, event in enumerate(summary[events], 1):
+        name = event["kind"] if args.partition else "kill"
+        print(f"{name} {i}: " + " ".join(f"{k}={v}" for k, v in event.items() if k != "kind"))
     if summary["invariant_holds"]:
         shutil.rmtree(workdir, ignore_errors=True)
     else:

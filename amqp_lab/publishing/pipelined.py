@@ -24,6 +24,11 @@ each message's :class:`~concurrent.futures.Future` resolves with its own outcome
   longer than ``blocked_connection_timeout``;
 * :class:`~amqp_lab.errors.PublishFailed` - reconnecting failed ``max_reconnects`` times.
 
+No confirm for ``confirm_timeout`` seconds while messages are unconfirmed (a node on the
+minority side of a partition confirms nothing and keeps the heartbeats going; a frozen node
+sends nothing at all) counts as a lost connection: it is dropped and the publisher moves on
+to the next node of the address list (:mod:`amqp_lab.publishing.confirm_watch`).
+
 After a lost connection every unconfirmed message is republished with the same message_id on the
 new connection (a duplicate is possible; the consumer's dedup absorbs it). Memory is bounded by
 ``window``: :meth:`PipelinedPublisher.publish` blocks while the window is full.
@@ -71,6 +76,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import with_current_context
 from amqp_lab.publishing.confirm import Reply, outcome_error
+from amqp_lab.publishing.confirm_watch import ConfirmWatch
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
@@ -146,9 +152,17 @@ _MESSAGE_SIZE = re.compile(r"message size (\d+)")
 class PipelinedPublisher:
     """``window``: most messages unconfirmed at once; ``max_attempts``: publishes of one message
     when nacked; ``base`` / ``cap``: backoff seconds for nack retries and reconnects;
-    ``observer`` (e.g. :class:`amqp_lab.observability.metrics.PublisherMetrics`): outcomes,
-    confirm latencies, blocked periods and reconnects. A message handed over inside a span
-    carries that span's W3C trace context (``traceparent``); no span per message is made."""
+    ``confirm_timeout``: seconds without a confirm, while messages are unconfirmed, after which
+    the connection counts as lost (None: wait as long as the connection lives); ``observer``
+    (e.g. :class:`amqp_lab.observability.metrics.PublisherMetrics`): outcomes, confirm
+    latencies, blocked periods and reconnects. A message handed over inside a span carries
+    that span's W3C trace context (``traceparent``); no span per message is made.
+
+    Counters for reports: ``reconnects``, ``channel_closes``, ``nacks`` (publishes nacked,
+    retries included), ``confirms_timed_out`` (publishes unconfirmed when a confirm timeout
+    dropped the connection), ``confirms_lost`` (publishes unconfirmed when the connection was
+    lost otherwise); ``address``: the settings of the node the open connection goes to (None
+    between connections)."""
 
     def __init__(
         self,
@@ -159,12 +173,16 @@ class PipelinedPublisher:
         cap: float = 5.0,
         max_reconnects: int = 10,
         observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
+        confirm_timeout: float | None = 30.0,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
         self.settings = settings
         self.observer = observer = guarded(observer)
-        self._blocked = BlockedTime(observer.blocked)
+        self._watch = ConfirmWatch(confirm_timeout)
+        self._watching = 0  # the connection the confirm watch looks at (stale looks stop)
+        self._timed_out = False  # the connection was dropped for a missing confirm
+        self._blocked = BlockedTime(self._unblocked)
         self.window = window
         self.max_attempts = max_attempts
         self.base, self.cap = base, cap
@@ -184,6 +202,9 @@ class PipelinedPublisher:
         self._failure: AmqpLabError | None = None
         self.reconnects = 0
         self.channel_closes = 0  # channels the broker closed (a 404, 403, 406...)
+        self.nacks = self.confirms_timed_out = self.confirms_lost = 0
+        self.address: BrokerSettings | None = None
+        self._connecting: BrokerSettings | None = None
         self._channel_reopens = 0  # channel closes by the broker since the last confirm
         self._channel_was_open = False  # this connection reached an open channel
         self._ioloop = IOLoop()  # one loop for every connection, so wake-ups are never lost
@@ -304,6 +325,7 @@ class PipelinedPublisher:
             self._channel_was_open = False
             address = addresses[order[attempt % len(order)]]  # the next node on each reconnect
             attempt += 1
+            self._connecting = address
             try:
                 self._connection = pika.SelectConnection(
                     connection_parameters(address),
@@ -332,6 +354,7 @@ class PipelinedPublisher:
             time.sleep(full_jitter(failures, self.base, self.cap))
 
     def _on_connection_open(self, connection: Any) -> None:
+        self.address = self._connecting
         self._blocked.watch(connection)
         connection.channel(on_open_callback=self._on_channel_open)
 
@@ -344,6 +367,8 @@ class PipelinedPublisher:
 
     def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
         self._channel = None
+        self.address = None
+        self._watching += 1
         self._blocked.closed()
         if isinstance(reason, pe.ConnectionBlockedTimeout):
             self._fail_all(
@@ -354,7 +379,10 @@ class PipelinedPublisher:
             )
         elif not self._closing:
             log.warning("publisher connection closed (%s); reconnecting", reason)
+            if not self._timed_out:
+                self.confirms_lost += len(self._unconfirmed)
             self._requeue_unconfirmed()
+        self._timed_out = False
         self._ioloop.stop()
 
     def _on_channel_open(self, channel: Any) -> None:
@@ -367,7 +395,37 @@ class PipelinedPublisher:
 
     def _on_confirm_select_ok(self, _frame: Any) -> None:
         self._ready.set()
+        self._watch.progress()
+        self._watching += 1
+        self._look_at_confirms(self._watching)
         self._send()
+
+    def _look_at_confirms(self, watching: int) -> None:
+        """Every ``ConfirmWatch.interval`` seconds while this connection lives: drop it when
+        a confirm is overdue (it then counts as lost: see the module doc)."""
+        if watching != self._watching or self._watch.interval is None:
+            return  # another connection by now, or no timeout
+        oldest = next(iter(self._unconfirmed.values()), None)
+        sent_at = None if oldest is None else oldest.sent_at
+        if not self._watch.overdue(sent_at, self._blocked.blocked):
+            self._ioloop.call_later(self._watch.interval, lambda: self._look_at_confirms(watching))
+            return
+        self._timed_out = True
+        self.confirms_timed_out += len(self._unconfirmed)
+        text = f"no publisher confirm within {self._watch.timeout} s"
+        log.warning(
+            "publisher: %s for %d messages; dropping the connection", text, len(self._unconfirmed)
+        )
+        terminate = getattr(self._connection, "_terminate_stream", None)  # pika 1.3-1.4 internal
+        if terminate is not None:
+            terminate(pe.StreamLostError(text))  # a frozen node would never answer a close
+        else:
+            self._connection.close()
+
+    def _unblocked(self, seconds: float) -> None:
+        """connection.unblocked (or the connection ended): restart the confirm clock."""
+        self._watch.progress()
+        self.observer.blocked(seconds)
 
     def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
         self._channel = None
@@ -453,7 +511,10 @@ class PipelinedPublisher:
         tag = method.delivery_tag
         nacked = isinstance(method, pika.spec.Basic.Nack)
         outcomes: list[tuple[_Item, AmqpLabError | None]] = []
-        for item in self._confirmed_items(tag, method.multiple):
+        self._watch.progress()
+        items = self._confirmed_items(tag, method.multiple)
+        self.nacks += len(items) if nacked else 0
+        for item in items:
             if item.returned:
                 outcomes.append((item, outcome_error(Reply.RETURNED, item.message)))
             elif not nacked:

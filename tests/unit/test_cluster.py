@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lab.cluster import Cluster, ClusterError
+from lab.cluster import PARTITION_TIMERS, Cluster, ClusterError
 from tests.support import ROOT
 
 pytestmark = pytest.mark.unit
@@ -95,3 +95,35 @@ def test_no_docker_engine_is_one_error_line() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: Docker is not reachable: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["disconnect", "reconnect", "pause", "unpause"])
+def test_the_partition_commands_take_a_node(command: str) -> None:
+    result = cluster_script(command)
+    assert result.returncode == 2
+    assert f"{command} takes a NODE" in result.stderr
+    unknown = cluster_script(command, "rmq7")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "error: no cluster node 'rmq7': choose one of rmq1, rmq2, rmq3"
+
+
+@pytest.mark.parametrize("command", ["heal", "status", "start"])
+def test_a_node_is_refused_where_a_command_takes_none(command: str) -> None:
+    result = cluster_script(command, "rmq2")
+    assert result.returncode == 2
+    assert "NODE only for kill, restart, disconnect, reconnect, pause, unpause" in result.stderr
+
+
+def test_the_partition_timers_shorten_failure_detection() -> None:
+    """The fragment each node of a partition run reads after rabbitmq.conf (conf.d)."""
+    settings = {
+        key.strip(): value.strip()
+        for key, value in (
+            line.split("=", 1)
+            for line in PARTITION_TIMERS.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        )
+    }
+    assert settings == {"net_ticktime": "10", "consumer_disconnected_timeout": "10000"}
+    assert Cluster(extra_config=PARTITION_TIMERS).extra_config == PARTITION_TIMERS
+    assert Cluster().extra_config is None
