@@ -51,8 +51,8 @@ from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run
 from amqp_lab.consuming.config import ConsumerConfig
-from amqp_lab.consuming.dead_letter import ConfirmedWriter
 from amqp_lab.consuming.delivery import Delivery, prepare
+from amqp_lab.consuming.engine import ConsumerEngine, EngineConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler
 from amqp_lab.dedup import SqliteDedupStore
@@ -149,8 +149,13 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     if args.metrics:
         observer = ConsumerMetrics("/", "q", registry=CollectorRegistry())
     config = ConsumerConfig(NAMES, prefetch=3 * batch, ack_batch=batch, verify_topology=False)
-    writer = ConfirmedWriter(BrokerSettings("amqp://guest:guest@127.0.0.1/%2F"))
-    settler = Settler(config, store, writer, observer=observer)
+    engine = ConsumerEngine(
+        BrokerSettings("amqp://guest:guest@127.0.0.1/%2F"),
+        store,
+        EngineConfig(dlx="", expectations=config.retry_expectations("/"), verify_topology=False),
+        observer,
+    )
+    settler = Settler(config, engine, observer=observer)
     channel = CountingChannel()
 
     def settle() -> None:

@@ -13,7 +13,7 @@ from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
 from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
 
-__all__ = ["ConsumerConfig", "Handler"]
+__all__ = ["ConsumerBounds", "ConsumerConfig", "EngineConfig", "Handler"]
 
 Handler = Callable[[Task, Any], None]
 """``handler(task, db)``: do the work; ``db`` is the dedup store's connection, inside the
@@ -23,8 +23,61 @@ transaction: use ``db.execute`` and friends, never commit). Raise BusinessError 
 TransientError (or any exception, treated as unknown: retried like a transient one) to fail."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """What the consumer engine (:mod:`amqp_lab.consuming.engine`) is told, whichever consumer
+    it serves: ``dlx`` (where DLQ records go), ``expectations`` (what the topology guard checks
+    at every connection), ``handler_threads``, and the bounds of :class:`ConsumerBounds`."""
+
+    dlx: str
+    expectations: RetryExpectations
+    verify_topology: bool = True
+    handler_threads: int = 1
+    reconnect_attempts: int = 10
+    store_outage: float = 60.0
+    dead_letter_attempts: int = 3
+    max_message_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerBounds:
+    """The failure model's bounds every consumer has (keyword-only; seconds or counts): see
+    :class:`ConsumerConfig`. :meth:`engine_config` gives the engine its part."""
+
+    max_redeliveries: int = 3
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    reconnect_attempts: int = 10
+    store_outage: float = 60.0
+    dead_letter_attempts: int = 3
+    verify_topology: bool = True
+    max_message_size: int | None = None
+
+    def check_bounds(self) -> None:
+        """Raise ConfigurationError for a count below 1."""
+        if min(self.max_redeliveries, self.reconnect_attempts, self.dead_letter_attempts) < 1:
+            raise ConfigurationError(
+                "max_redeliveries, reconnect_attempts and dead_letter_attempts must be >= 1"
+            )
+
+    def engine_config(
+        self, dlx: str, expectations: RetryExpectations, handler_threads: int = 1
+    ) -> EngineConfig:
+        """What the consumer engine is told: these bounds, where DLQ records go, what the
+        topology guard checks, how many handler threads."""
+        return EngineConfig(
+            dlx=dlx,
+            expectations=expectations,
+            verify_topology=self.verify_topology,
+            handler_threads=handler_threads,
+            reconnect_attempts=self.reconnect_attempts,
+            store_outage=self.store_outage,
+            dead_letter_attempts=self.dead_letter_attempts,
+            max_message_size=self.max_message_size,
+        )
+
+
 @dataclass(frozen=True)
-class ConsumerConfig:
+class ConsumerConfig(ConsumerBounds):
     """``names``: the topology's roles (``topology.names``): the work queue, the DLX, the wait
     queues; ``prefetch``: basic.qos prefetch_count; ``idle_exit``: seconds without a delivery before
     :meth:`Consumer.run` returns (None: never); ``max_messages``: return after that many
@@ -69,20 +122,13 @@ class ConsumerConfig:
     dead_letter: Literal["publish", "reject"] = "publish"
     idle_exit: float | None = None
     max_messages: int | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    reconnect_attempts: int = 10
     retry: RetryPolicy = REQUEUE_ONCE
     ack_batch: int = 1
     ack_interval: float = 0.005
     queue_wait: float = 0.0
     resubscribe_wait: float = 30.0
-    max_redeliveries: int = 3
-    store_outage: float = 60.0
-    dead_letter_attempts: int = 3
-    verify_topology: bool = True
     concurrency: int = 1
     handler_warn_after: float | None = None
-    max_message_size: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.ack_batch <= self.prefetch:
@@ -90,19 +136,9 @@ class ConsumerConfig:
                 f"ack_batch {self.ack_batch} must be within 1..prefetch ({self.prefetch}): the "
                 "broker sends no more than prefetch unacked deliveries"
             )
-        if (
-            min(
-                self.max_redeliveries,
-                self.reconnect_attempts,
-                self.dead_letter_attempts,
-                self.concurrency,
-            )
-            < 1
-        ):
-            raise ConfigurationError(
-                "max_redeliveries, reconnect_attempts, dead_letter_attempts and concurrency "
-                "must be >= 1"
-            )
+        self.check_bounds()
+        if self.concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1")
         if self.handler_warn_after is not None and not self.handler_warn_after > 0:
             raise ConfigurationError(
                 f"handler_warn_after must be > 0 seconds (or None), not {self.handler_warn_after}"
@@ -113,6 +149,11 @@ class ConsumerConfig:
                 f"at least {self.concurrency * self.ack_batch} (it is {self.prefetch}): the broker "
                 "sends no more than prefetch unacked deliveries, so handlers would sit idle; "
                 f"{2 * self.concurrency * self.ack_batch} keeps them all busy"
+            )
+        if self.retry.mode == "hold":
+            raise ConfigurationError(
+                "retry mode hold (retries held in the worker) is the ordered consumer's: "
+                "OrderedConfig, worker.py --ordered N"
             )
         if self.retry.mode == "backoff" and (
             self.names.retry_exchange is None or self.retry.max_attempts > self.names.max_attempts

@@ -9,57 +9,47 @@ dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - 
 mode - basic.reject(requeue=False) so the queue's policy DLX moves it and the broker adds
 x-death.
 
-The consumer's life is the state machine of :mod:`amqp_lab.consuming.lifecycle`: every way a consume
-ends is recoverable (reconnect or resubscribe with backoff, bounded by failed connections),
-fatal (raised) or finished (:meth:`Consumer.run` returns). docs/failure-model.md has the table.
-
-The handler runs in a worker thread while this thread keeps pumping the connection, so
-heartbeats flow during a long handler (pika #1104). A delivery tag is only ever settled on the
-channel that delivered it: if that channel died meanwhile the settlement is dropped (the broker
-redelivers; de-duplication keeps one effect) instead of killing the new channel with 406
-unknown delivery tag (bunny #142, aio-pika #98).
+This module is the plain consumer's scheduler: batches of ``ack_batch`` deliveries, up to
+``concurrency`` of them at once, in delivery order; its connections, reconnects, handler threads,
+settlement on the delivering channel and dead-lettering are the engine's
+(:mod:`amqp_lab.consuming.engine`), shared with the ordered consumer. Every way a consume ends
+is recoverable, fatal or finished (:mod:`amqp_lab.consuming.lifecycle`; docs/failure-model.md
+has the table).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
+from amqp_lab.connection import translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
-from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery
+from amqp_lab.consuming.dead_letter import StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.engine import ConsumerEngine, OnEngine, stale_as_lost
 from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
-from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
-from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
-from amqp_lab.consuming.store_retry import StoreRetry
-from amqp_lab.consuming.topology_guard import TopologyGuard
-from amqp_lab.dedup import DedupStore
-from amqp_lab.dedup.identity import bind_vhost
-from amqp_lab.errors import (
-    BrokerConnectionError,
-    ConnectionLost,
-    ConsumerCancelled,
-    DeadLetterFailed,
-    DedupStoreError,
-    QueueNotFound,
+from amqp_lab.consuming.queue_watch import (
+    await_queue,
+    on_broker_cancel,
+    on_channel_closed,
+    queue_exists,
 )
+from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
+from amqp_lab.dedup import DedupStore
+from amqp_lab.errors import ConsumerCancelled, DeadLetterFailed, DedupStoreError
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import end_process_span, start_process_span
-from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.state_key import broker_identity
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
@@ -69,7 +59,7 @@ log = logging.getLogger(__name__)
 _InFlight = tuple[list[Delivery], "Future[None] | None"]
 
 
-class Consumer:
+class Consumer(OnEngine):
     """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`; ``state`` is
     its :class:`~amqp_lab.lifecycle.State`. ``on_report`` gets every delivery's report;
     ``observer`` (e.g. :class:`amqp_lab.observability.metrics.ConsumerMetrics`) the events an
@@ -96,33 +86,29 @@ class Consumer:
         self.on_report = on_report or (lambda r: log.info(r.line()))
         self.clock = clock
         self.uniform = uniform
-        self.state = State.STOPPED
-        self.connections_opened = 0
-        self.stop_reason: str | None = None
-        self._stop = threading.Event()
+        self.engine = ConsumerEngine(
+            settings,
+            store,
+            config.engine_config(
+                config.names.dead_letter_exchange,
+                config.retry_expectations(settings.vhost),
+                config.concurrency,
+            ),
+            observer,
+            clock=clock,
+            uniform=uniform,
+        )
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
-        self._bound = False  # bind_vhost done (at the first connection)
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.config.concurrency, thread_name_prefix="handler"
-        )
-        self._connection: Any = None
         self._units: list[_InFlight] = []  # the current connection's units in flight
         self._cancelled_by_broker = False  # basic.cancel read on the current channel
         self._queue_after_cancel: bool | None = None  # did the queue outlive that cancel?
         self._channel_closed: BaseException | None = None  # why the broker closed it
-        self._writer = ConfirmedWriter(
-            settings, config.dead_letter_attempts, uniform, config.max_message_size
-        )
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
-            self.handler, store, config, StoreRetry(config.store_outage), self.watch, observer
+            self.handler, store, config, self.engine.store_retry, self.watch, observer
         )
-        self._settler = Settler(config, store, self._writer, clock, uniform, observer)
-        self._blocked = BlockedTime(observer.blocked)
-        self._guard = TopologyGuard(
-            settings, config.retry_expectations(settings.vhost), config.verify_topology
-        )
+        self._settler = Settler(config, self.engine, uniform, observer)
 
     @property
     def handled(self) -> int:
@@ -138,50 +124,23 @@ class Consumer:
         """Drain and return (thread- and signal-safe): stop consuming (basic.cancel), let the
         handlers in flight finish, commit, ack what was committed; deliveries prefetched but
         not started go back to the queue."""
-        self.stop_reason = reason
-        self._stop.set()
+        self.engine.stop(reason)
 
     def run(self) -> int:
         """Consume until finished; return the number of deliveries handled. Call it once: a
-        consumer that returned has shut its handler thread down.
+        consumer that returned has shut its handler threads down.
 
-        Recoverable ends (see :func:`~amqp_lab.lifecycle.classify_end`) reconnect with capped
-        full-jitter backoff; after ``reconnect_attempts`` connections in a row that settled
-        nothing, BrokerConnectionError. Fatal ends raise: QueueNotFound, VhostAccessDenied,
-        AuthenticationFailed, AccessRefused, RetryTopologyError, DedupStoreError (the store
-        failed, or stayed unavailable past ``store_outage``), StoreVhostMismatch (checked once
-        connected: the store serves another vhost, :func:`~amqp_lab.dedup.identity.bind_vhost`),
-        DeadLetterFailed (deliveries the
-        DLQ would not take were parked and are back in the queue)."""
-        budget = ReconnectBudget(self.config.reconnect_attempts)
-        try:
-            while not self._stop.is_set():
-                self.state = State.CONNECTING
-                try:
-                    self._session()
-                    break
-                except Exception as e:
-                    if classify_end(e) is not End.RECOVERABLE:
-                        raise
-                    budget.connection_ended(self._settler.settled)
-                    if budget.exhausted:
-                        raise BrokerConnectionError(
-                            f"gave up after {budget.failures} connections in a row that settled "
-                            f"nothing; last: {e}"
-                        ) from e
-                    wait = full_jitter(budget.failures, 0.2, 5.0, self.uniform)
-                    log.warning(
-                        "%s; reconnecting in %.1f s (%d/%d)", e, wait, budget.failures, budget.limit
-                    )
-                    self._stop.wait(wait)
-            self._end_with_parked()
-            return self.handled
-        finally:
-            self.state = State.STOPPED
-            self._executor.shutdown(wait=True)
-            close_quietly(self._connection)
-            self._blocked.closed()
-            self.observer.unacked(0)
+        Recoverable ends (see :func:`~amqp_lab.consuming.lifecycle.classify_end`) reconnect
+        with capped full-jitter backoff; after ``reconnect_attempts`` connections in a row that
+        settled nothing, BrokerConnectionError. Fatal ends raise: QueueNotFound,
+        VhostAccessDenied, AuthenticationFailed, AccessRefused, RetryTopologyError,
+        DedupStoreError (the store failed, or stayed unavailable past ``store_outage``),
+        StoreVhostMismatch (checked once connected: the store serves another vhost,
+        :func:`~amqp_lab.dedup.identity.bind_vhost`), DeadLetterFailed (deliveries the DLQ
+        would not take were parked and are back in the queue)."""
+        self.engine.run(self._session)
+        self._end_with_parked()
+        return self.handled
 
     def _end_with_parked(self) -> None:
         """At the end of a run: raise DeadLetterFailed for deliveries parked because the DLQ
@@ -204,34 +163,29 @@ class Consumer:
             )
 
     # --- one connection ---------------------------------------------------------------------
-    def _session(self) -> None:
-        close_quietly(self._connection)
-        self._blocked.closed()
-        self.observer.unacked(0)
-        self._connection = connection = connect(self.settings)
-        if not self._bound:  # connection.open passed: the vhost is real, the store serves it
-            identity = broker_identity(self.settings)
-            StoreRetry(self.config.store_outage).call(
-                lambda: bind_vhost(self.store, self.settings.vhost, identity)
-            )
-            self._bound = True
-        self.connections_opened += 1
-        if self.connections_opened > 1:
-            self.observer.reconnected()
-        self._blocked.watch(connection)
+    def _session(self, connection: Any) -> None:
+        """One connection's consume: a channel, the queue waited for, the topology checked,
+        basic.consume, the delivery loop. Raises ConsumerCancelled (recoverable) when the
+        broker cancelled the consumer, ConnectionLost for a delivery whose channel closed."""
         self._in_flight = 0  # what was in flight on the old connection will be redelivered
         self._settler.new_connection()  # its parked deliveries are back in the queue
+        channel = self.engine.open_channel(connection, self.config.prefetch)
+        self._cancelled_by_broker, self._queue_after_cancel = False, None
+        self._channel_closed = None
+        on_broker_cancel(channel, self._note_broker_cancel)
+        on_channel_closed(channel, self._note_channel_closed)
+        bound = self.config.resubscribe_wait if self._consumed else self.config.queue_wait
         try:
-            channel = connection.channel()
-            channel.basic_qos(prefetch_count=self.config.prefetch)
-            self._cancelled_by_broker, self._queue_after_cancel = False, None
-            self._channel_closed = None
-            _on_broker_cancel(channel, self._note_broker_cancel)
-            _on_channel_closed(channel, self._note_channel_closed)
-            self._writer.open(connection)
-            if not self._await_queue(connection):
+            if not await_queue(
+                connection,
+                self.config.queue,
+                self.settings.vhost,
+                bound=bound,
+                consumed=self._consumed,
+                stopping=lambda: self.engine.stopping,
+            ):
                 return  # a stop was asked for while waiting: nothing was in flight
-            self._guard.check()
+            self.engine.guard.check()
             # a batch waits at most ack_interval for more deliveries; with concurrent handlers
             # a finished one is settled within 50 ms even when no delivery arrives
             if self.config.ack_batch > 1:
@@ -241,7 +195,7 @@ class Consumer:
             consuming = channel.consume(self.config.queue, inactivity_timeout=tick)
         except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
-        self.state = State.CONSUMING
+        self.engine.state = State.CONSUMING
         self._consumed = True
         try:
             ended_by_us = self._consume(connection, channel, consuming)
@@ -253,10 +207,7 @@ class Consumer:
             if failed is not None and failed is not e:
                 raise failed from e
             if isinstance(e, StaleDelivery):
-                why = self._channel_closed
-                raise ConnectionLost(
-                    f"{e} (the broker closed the channel: {why})" if why is not None else str(e)
-                ) from e
+                raise stale_as_lost(e, self._channel_closed) from e
             if isinstance(e, pe.AMQPError | OSError):
                 raise translate(e, self.settings) from e
             raise
@@ -304,7 +255,7 @@ class Consumer:
             # the unacked gauge
             self.watch.check()
             self._note_unacked(channel, len(pending))
-            if self._stop.is_set():
+            if self.engine.stopping:
                 break
             full = len(pending) >= batch_size
             due = bool(pending) and (method is None or now - batch_started >= ack_interval)
@@ -330,14 +281,14 @@ class Consumer:
             if method is None and idle is not None and now - last_activity >= idle and not units:
                 break
         else:  # cancelled by the broker: what was delivered is still ours to settle
-            if pending and not self._stop.is_set():
+            if pending and not self.engine.stopping:
                 self._start(connection, channel, units, pending)
             elif pending:  # a stop was asked for: nothing more starts
                 for method, _, _ in pending:
                     hand_back(channel, method.delivery_tag)
             self._settle_all(connection, channel, units)
             return False
-        self.state = State.DRAINING
+        self.engine.state = State.DRAINING
         cancel_handing_back(channel)  # basic.cancel; what pika holds goes back (nack requeue)
         self._settle_all(connection, channel, units)
         for method, _, _ in pending:  # collected, never started: back to the queue
@@ -375,7 +326,7 @@ class Consumer:
         room = 1 if alone else self.config.concurrency
         while len(units) >= room:
             self._settle_done(connection, channel, units, block=True)
-            if self._stop.is_set():
+            if self.engine.stopping:
                 for method, _, _ in deliveries:
                     hand_back(channel, method.delivery_tag)
                 return
@@ -429,40 +380,6 @@ class Consumer:
         while units:
             self._settle_done(connection, channel, units, block=True)
 
-    def _await_queue(self, connection: Any) -> bool:
-        """queue.declare(passive) until the queue exists (True); False when a stop is asked for
-        meanwhile. Raises QueueNotFound after ``queue_wait`` seconds at start,
-        ``resubscribe_wait`` once it has been consumed from."""
-        q, vhost = self.config.queue, self.settings.vhost
-        bound = self.config.resubscribe_wait if self._consumed else self.config.queue_wait
-        deadline = time.monotonic() + bound
-        while True:
-            channel = connection.channel()
-            try:
-                channel.queue_declare(q, passive=True)
-            except pe.ChannelClosedByBroker as e:
-                if e.reply_code != 404:
-                    raise
-                if self._stop.is_set():
-                    return False
-                if time.monotonic() >= deadline:
-                    if self._consumed:
-                        message = (
-                            f"queue {q!r} in vhost {vhost!r} is gone (the broker cancelled the "
-                            f"consumer) and did not come back within {bound:g} s"
-                        )
-                    else:
-                        message = (
-                            f"queue {q!r} does not exist in vhost {vhost!r}: declare it "
-                            "(scripts/setup_topology.py --topology FILE, or amqp-lab-topology, "
-                            "applies a topology), or wait for it (--wait-for-queue SECONDS)"
-                        )
-                    raise QueueNotFound(message, q, vhost) from e
-                connection.sleep(0.5)
-                continue
-            channel.close()
-            return True
-
     def _handed_back_after_cancel(
         self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
     ) -> bool:
@@ -484,19 +401,8 @@ class Consumer:
         """Whether the queue still exists after the broker's cancel: queue.declare(passive) on a
         channel of its own, asked once per cancel; False on 404 (deleted, or its node down)."""
         if self._queue_after_cancel is None:
-            self._queue_after_cancel = self._queue_exists(connection)
+            self._queue_after_cancel = queue_exists(connection, self.config.queue)
         return self._queue_after_cancel
-
-    def _queue_exists(self, connection: Any) -> bool:
-        probe = connection.channel()
-        try:
-            probe.queue_declare(self.config.queue, passive=True)
-        except pe.ChannelClosedByBroker as e:
-            # 404: gone. Any other refusal says nothing about the messages: keep them in the
-            # queue (hand back), the safe side, and let the resubscription find out
-            return bool(e.reply_code != 404)
-        probe.close()
-        return True
 
     def _batch_size(self) -> int:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""
@@ -530,19 +436,10 @@ class Consumer:
         return batch
 
     def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:
-        """Start the store work of ``batch`` in the worker thread; None when there is none."""
+        """Start the store work of ``batch`` on a handler thread; None when there is none."""
         if not any(d.task is not None or d.message_id is not None for d in batch):
             return None
-        future = self._executor.submit(self._runner.process, batch)
-
-        def wake(_: Future[None]) -> None:  # wake process_data_events when the work is done
-            # the connection may already be closed: nobody waits for the wake-up then, and an
-            # exception here would be logged with a traceback by concurrent.futures
-            with contextlib.suppress(Exception):
-                connection.add_callback_threadsafe(lambda: None)
-
-        future.add_done_callback(wake)
-        return future
+        return self.engine.submit(connection, lambda: self._runner.process(batch))
 
     def _finish(self, connection: Any, channel: Any, in_flight: _InFlight) -> None:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
@@ -566,40 +463,9 @@ class Consumer:
                     d.span = None
 
     def _wait_any(self, connection: Any, units: list[_InFlight]) -> None:
-        """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing. If
-        the connection dies meanwhile, wait for every unit (their commits stand or roll back)
-        and raise StaleDelivery: none of them can be settled on this connection."""
+        """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing
+        (:meth:`ConsumerEngine.pump_until_done`: StaleDelivery when the connection dies)."""
         futures = [f for _, f in units if f is not None]
         if len(futures) < len(units):
             return  # a unit with no store work is done already
-        pump_error: BaseException | None = None
-        while not any(f.done() for f in futures):
-            self.watch.check()
-            try:
-                connection.process_data_events(time_limit=0.1)
-            except Exception as e:
-                pump_error = e
-                break
-        if pump_error is not None:
-            for future in futures:
-                future.exception()  # the handlers' work is committed (or rolled back) by now
-            raise StaleDelivery(f"connection lost while the handler ran: {pump_error}")
-
-
-def _on_broker_cancel(channel: Any, callback: Callable[[], None]) -> None:
-    """Call ``callback`` on the I/O thread as soon as the broker's basic.cancel for a consumer of
-    ``channel`` (a pika BlockingChannel) is read. pika's consume generator only ends after
-    yielding every delivery that arrived before the cancel, and BlockingChannel's own
-    ``add_on_cancel_callback`` is not called for a generator's consumer; the underlying
-    channel's is (pika 1.x: ``Channel.add_on_cancel_callback``, for the broker's cancel only)."""
-    impl = getattr(channel, "_impl", None)
-    if impl is not None:
-        impl.add_on_cancel_callback(lambda _frame: callback())
-
-
-def _on_channel_closed(channel: Any, callback: Callable[[BaseException], None]) -> None:
-    """Call ``callback(reason)`` on the I/O thread when ``channel`` (a pika BlockingChannel)
-    closes - BlockingChannel has no close callback of its own; its underlying channel has."""
-    impl = getattr(channel, "_impl", None)
-    if impl is not None:
-        impl.add_on_close_callback(lambda _channel, reason: callback(reason))
+        self.engine.pump_until_done(connection, futures, on_tick=self.watch.check)

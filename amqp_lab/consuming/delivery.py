@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_lab.consuming.settlement import attempt_number
+from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import InvalidMessage, error_text
-from amqp_lab.message import Task, decode_body, header_attempts, properties_of
+from amqp_lab.message import FIRST_SEEN_HEADER, Task, decode_body, header_attempts, properties_of
 from amqp_lab.observability.tracing import trace_id_of
 from amqp_lab.oneline import one_line
 
@@ -136,6 +137,13 @@ class Delivery:
             self.handler_seconds,
             self.trace_id,
         )
+
+    def first_seen_iso(self) -> str:
+        """When this message was first received, ISO 8601 UTC: our ``first_seen_at`` header
+        (written on the first retry hop), else the store's memory of its first failure, else
+        this delivery's receipt."""
+        header = self.headers.get(FIRST_SEEN_HEADER)
+        return header if isinstance(header, str) else utc_iso(self.first_seen_at or self.now)
 
     def properties_dict(self) -> dict[str, Any]:
         """The basic properties by name (headers apart; message_id too, unless it is not

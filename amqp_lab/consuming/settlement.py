@@ -72,6 +72,7 @@ class Action(StrEnum):
     ACK = "ack"
     REQUEUE = "requeue"  # basic.reject(requeue=True): counted by a quorum queue on every version
     RETRY_LATER = "retry-later"  # copy to a wait queue (confirmed), then ack
+    HOLD = "hold"  # keep it unacked in the worker and run it again after a wait (ordered)
     DEAD_LETTER = "dead-letter"  # DLQ record (confirmed) then ack, or basic.reject(requeue=False)
 
 
@@ -126,11 +127,14 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy = REQUEUE_ONCE) -
     retried until ``attempt`` reaches ``policy.max_attempts`` (2 in requeue mode: one
     immediate broker redelivery), then dead-lettered. ``requeue`` mode retries with
     basic.reject(requeue=True), ``backoff`` mode with a broker-held delayed retry (a wait
-    queue)."""
+    queue), ``hold`` mode (the ordered consumer) in the worker: the delivery stays unacked at
+    the head of its key's line and runs again after a full-jitter wait."""
     if outcome is Outcome.SUCCESS:
         return Settlement(Action.ACK, attempt, outcome)
     if outcome in (Outcome.BUSINESS, Outcome.POISON) or attempt >= policy.max_attempts:
         return Settlement(Action.DEAD_LETTER, attempt, outcome)
     if policy.mode == "backoff":
         return Settlement(Action.RETRY_LATER, attempt, outcome)
+    if policy.mode == "hold":
+        return Settlement(Action.HOLD, attempt, outcome)
     return Settlement(Action.REQUEUE, attempt, outcome)

@@ -13,27 +13,23 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
 
 from amqp_lab.consuming.config import ConsumerConfig
-from amqp_lab.consuming.dead_letter import (
-    RECORD_CLASS,
-    ConfirmedWriter,
-    StaleDelivery,
-    dlq_message,
-)
+from amqp_lab.consuming.dead_letter import RECORD_CLASS
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action, Settlement, classify
 from amqp_lab.consuming.settlement import decide as decide_settlement
-from amqp_lab.dedup import DedupStore
-from amqp_lab.dlq.record import utc_iso
-from amqp_lab.errors import DeadLetterFailed, DedupStoreError, PoisonMessage, RecordTooLarge
-from amqp_lab.message import FIRST_SEEN_HEADER
+from amqp_lab.errors import DeadLetterFailed, RecordTooLarge
 from amqp_lab.observability.tracing import context_of, end_process_span
 from amqp_lab.retry.broker_held import retry_copy, retry_wait
+
+if TYPE_CHECKING:
+    from amqp_lab.consuming.engine import ConsumerEngine
 
 __all__ = ["Settler", "cancel_handing_back", "hand_back"]
 
@@ -75,31 +71,26 @@ def cancel_handing_back(channel: Any) -> None:
 
 
 class Settler:
-    """Settles the consumer's deliveries and keeps the counts the consumer's life depends on:
-    ``handled`` (deliveries settled or reported), ``parked`` (in all), ``settled`` (this
-    connection settled something: the reconnect budget's reset) and the parked delivery tags of
-    the current channel. ``clock``: epoch seconds; ``uniform``: the retry waits' jitter;
-    ``observer`` hears of every settled delivery and batch. Each delivery's process span is
-    ended with its outcome once it is settled."""
+    """Settles the plain consumer's deliveries through ``engine`` (on the delivering channel,
+    DLQ records, the writer) and keeps the counts the consumer's life depends on: ``handled``
+    (deliveries settled or reported), ``parked`` (in all) and the parked delivery tags of the
+    current channel. ``uniform``: the retry waits' jitter; ``observer`` hears of every settled
+    delivery and batch. Each delivery's process span is ended with its outcome once it is
+    settled."""
 
     def __init__(
         self,
         config: ConsumerConfig,
-        store: DedupStore,
-        writer: ConfirmedWriter,
-        clock: Callable[[], float] = time.time,
+        engine: ConsumerEngine,
         uniform: Callable[[float, float], float] = random.uniform,
         observer: ConsumerObserver = NO_OBSERVER,
     ) -> None:
         self.config = config
+        self.engine = engine
         self.observer = observer
-        self.store = store
-        self._writer = writer
-        self.clock = clock
         self.uniform = uniform
         self.handled = 0
         self.parked = 0
-        self.settled = False  # this connection settled a delivery
         self.parked_tags: dict[int, str] = {}  # delivery tag -> why, on the current channel
         self.too_large: set[int] = set()  # of those, the tags whose record fits no form
         self._multiple_ok = True  # no parked delivery on the channel: ack multiple is safe
@@ -107,7 +98,6 @@ class Settler:
 
     def new_connection(self) -> None:
         """Forget the old connection's channel: its parked deliveries are back in the queue."""
-        self.settled = False
         self._multiple_ok = True
         self._stuck = None
         self.parked_tags.clear()
@@ -175,10 +165,6 @@ class Settler:
         self, connection: Any, channel: Any, d: Delivery, settlement: Settlement
     ) -> DeliveryReport:
         tag = d.delivery_tag
-        first_seen = d.headers.get(FIRST_SEEN_HEADER)
-        first_seen_at = (
-            first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
-        )
         kind = RECORD_CLASS.get(settlement.classification, "unknown")
         parent = context_of(d.span)  # the retry copy / DLQ record continue the delivery's trace
         if settlement.action is Action.REQUEUE:
@@ -187,65 +173,52 @@ class Settler:
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=True), d)
             return d.report("requeued", settlement.attempts, classification=kind)
         if settlement.action is Action.RETRY_LATER:
-            assert d.message_id is not None
-            wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
-            copy = retry_copy(
-                body=d.body,
-                message_id=d.message_id,
-                properties=d.properties_dict(),
-                headers=d.headers,
-                exchange=d.method.exchange,
-                routing_key=d.method.routing_key,
-                wait_queue=self.config.names.wait_queue(settlement.attempts),
-                attempts=settlement.attempts,
-                first_seen_at=first_seen_at,
-                wait=wait,
-            )
-            try:
-                self._writer.write(
-                    connection, channel, copy, f"retry copy of message_id={d.message_id}", parent
-                )
-            except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
-                d.notes.append(str(e))
-            else:
-                self.settle(channel, lambda: channel.basic_ack(tag), d)
-                return d.report("requeued", settlement.attempts, wait, kind)
+            report = self._retry_later(connection, channel, d, settlement, kind, parent)
+            if report is not None:
+                return report
         if self.config.dead_letter == "reject":
             self.settle(channel, lambda: channel.basic_reject(tag, requeue=False), d)
             return d.report("dead-lettered", settlement.attempts, classification=kind)
-        build = functools.partial(
-            dlq_message,
-            d,
-            settlement,
-            first_seen_at=first_seen_at,
-            queue=self.config.queue,
-            dlx=self.config.names.dead_letter_exchange,
-            failed_at=self.clock(),
-        )
         try:
-            self._writer.write_record(
-                connection,
-                channel,
-                lambda limit: build(max_message_size=limit),
-                f"DLQ record for message_id={d.message_id}",
-                parent,
-            )
+            self.engine.dead_letter(connection, channel, d, settlement, self.config.queue, parent)
         except DeadLetterFailed as e:  # RecordTooLarge too: the message stays where it is
             self._park(d, e)
             return d.report("parked", settlement.attempts, classification=kind)
-        self.settle(channel, lambda: channel.basic_ack(tag), d)
-        if isinstance(d.error, PoisonMessage) and d.message_id is not None:
-            self._forget_redeliveries(d.message_id)
         return d.report("dead-lettered", settlement.attempts, classification=kind)
 
-    def _forget_redeliveries(self, message_id: str) -> None:
-        """After a poison message reached the DLQ: its redelivery count starts over, so a replay
-        (once the handler is fixed) gets its full budget. Best effort, one try: this runs on the
-        I/O thread, which must not wait out a store outage."""
+    def _retry_later(
+        self,
+        connection: Any,
+        channel: Any,
+        d: Delivery,
+        settlement: Settlement,
+        kind: str,
+        parent: Context | None,
+    ) -> DeliveryReport | None:
+        """A confirmed retry copy into wait queue ``attempts``, then basic.ack; None when the
+        wait queue would not take it (the reason noted: the DLQ takes it instead)."""
+        assert d.message_id is not None
+        wait = retry_wait(self.config.retry, settlement.attempts, self.uniform)
+        copy = retry_copy(
+            body=d.body,
+            message_id=d.message_id,
+            properties=d.properties_dict(),
+            headers=d.headers,
+            exchange=d.method.exchange,
+            routing_key=d.method.routing_key,
+            wait_queue=self.config.names.wait_queue(settlement.attempts),
+            attempts=settlement.attempts,
+            first_seen_at=d.first_seen_iso(),
+            wait=wait,
+        )
+        what = f"retry copy of message_id={d.message_id}"
         try:
-            self.store.reset_redeliveries(message_id)
-        except DedupStoreError as e:
-            log.warning("redelivery count of message_id=%s not reset: %s", message_id, e)
+            self.engine.writer.write(connection, channel, copy, what, parent)
+        except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
+            d.notes.append(str(e))
+            return None
+        self.settle(channel, lambda: channel.basic_ack(d.delivery_tag), d)
+        return d.report("requeued", settlement.attempts, wait, kind)
 
     def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
         """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and
@@ -264,11 +237,5 @@ class Settler:
             )
 
     def settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
-        """Settle on the delivering channel only; drop the settlement if it has closed."""
-        if not channel.is_open:
-            raise StaleDelivery(
-                f"message_id={d.message_id}: channel closed before settlement; "
-                "the broker will redeliver it"
-            )
-        settle()
-        self.settled = True
+        """Settle on the delivering channel only (:meth:`ConsumerEngine.settle`)."""
+        self.engine.settle(channel, settle, d)

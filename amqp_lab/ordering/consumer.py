@@ -25,6 +25,12 @@ quorum queues alike) and the new active consumer gets them first. The failure co
 is in memory and starts over after a crash; a message that kills workers is stopped by the
 store's redelivery count (``max_redeliveries``, poison).
 
+**One engine.** Connections, reconnects, the handler thread, settlement on the delivering
+channel, dead-lettering, process spans and the unacked gauge are the engine's
+(:mod:`amqp_lab.consuming.engine`), as for the plain consumer; the decision is the same table
+(:func:`amqp_lab.consuming.settlement.decide`, retry mode ``hold``). This module schedules: a
+line per key.
+
 **The costs.** A held delivery occupies prefetch: a shard whose window fills with one failing
 key's backlog stalls until the head is settled (raise ``prefetch``, lower ``retry.cap``). A
 held delivery also counts toward the broker's consumer timeout (30 min by default up to 4.2,
@@ -36,53 +42,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pika.exceptions as pe
 
-from amqp_lab.connection import BlockedTime, connect, drop_connection, translate
-from amqp_lab.consuming.config import ConsumerConfig, Handler
-from amqp_lab.consuming.dead_letter import (
-    RECORD_CLASS,
-    ConfirmedWriter,
-    StaleDelivery,
-    dlq_message,
-)
+from amqp_lab.connection import drop_connection, translate
+from amqp_lab.consuming.config import ConsumerBounds, ConsumerConfig, Handler
+from amqp_lab.consuming.dead_letter import RECORD_CLASS, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.engine import ConsumerEngine, OnEngine, stale_as_lost
 from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.handling import HandlerRunner
-from amqp_lab.consuming.lifecycle import End, ReconnectBudget, State, classify_end
+from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
-from amqp_lab.consuming.settlement import Action as SettleAction
-from amqp_lab.consuming.settlement import Outcome, Settlement, classify
-from amqp_lab.consuming.store_retry import StoreRetry
-from amqp_lab.consuming.topology_guard import TopologyGuard
+from amqp_lab.consuming.settlement import Action, Outcome, Settlement, classify, decide
 from amqp_lab.dedup import DedupStore
-from amqp_lab.dedup.identity import bind_vhost
-from amqp_lab.dlq.record import utc_iso
-from amqp_lab.errors import (
-    BrokerConnectionError,
-    ConfigurationError,
-    ConnectionLost,
-    ConsumerCancelled,
-    DedupStoreError,
-    KeyParked,
-    PoisonMessage,
-)
-from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, FIRST_SEEN_HEADER, OutgoingMessage
+from amqp_lab.errors import ConfigurationError, ConnectionLost, ConsumerCancelled, KeyParked
 from amqp_lab.observability.guard import guarded
-from amqp_lab.observability.tracing import context_from_headers
+from amqp_lab.observability.tracing import context_of, end_process_span, start_process_span
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
 from amqp_lab.retry.policy import RetryPolicy, full_jitter
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.state_key import broker_identity
 from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
 
@@ -90,15 +75,16 @@ __all__ = ["OrderedConfig", "OrderedConsumer", "key_of", "parked_scope"]
 
 log = logging.getLogger(__name__)
 
-ORDERED_RETRY = RetryPolicy("backoff", max_attempts=5, base=0.5, cap=10.0)
+ORDERED_RETRY = RetryPolicy("hold", max_attempts=5, base=0.5, cap=10.0)
 
 
 @dataclass(frozen=True)
-class OrderedConfig:
+class OrderedConfig(ConsumerBounds):
     """``names``: an ordered topology's roles (``shards`` > 0); ``prefetch``: basic.qos
     prefetch_count per shard consumer - held deliveries occupy it; ``retry``: in-worker
     retries (``max_attempts`` tries in all, full-jitter waits of ``base``..``cap`` seconds;
-    its mode is ignored); ``after_dead_letter``: ``continue`` or ``park`` (module docstring);
+    whatever its mode, it is held in the worker: mode ``hold``); ``after_dead_letter``:
+    ``continue`` or ``park`` (module docstring);
     ``idle_exit`` seconds without a delivery and nothing held before :meth:`run` returns;
     ``max_messages``: return after that many settled; the other bounds as in
     :class:`~amqp_lab.consuming.ConsumerConfig`, ``verify_topology`` checking the DLQ's
@@ -111,23 +97,19 @@ class OrderedConfig:
     after_dead_letter: Literal["continue", "park"] = "continue"
     idle_exit: float | None = None
     max_messages: int | None = None
-    max_redeliveries: int = 3
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    dead_letter_attempts: int = 3
-    reconnect_attempts: int = 10
-    store_outage: float = 60.0
-    max_message_size: int | None = None
-    verify_topology: bool = True
 
     def __post_init__(self) -> None:
         if not self.names.shards:
             raise ConfigurationError(
                 "the ordered consumer needs the ordered topology (with_ordered, --ordered N)"
             )
-        if min(self.prefetch, self.max_redeliveries, self.reconnect_attempts) < 1:
-            raise ConfigurationError("prefetch, max_redeliveries and reconnect_attempts >= 1")
+        self.check_bounds()
+        if self.prefetch < 1:
+            raise ConfigurationError("prefetch must be >= 1")
         if self.after_dead_letter not in ("continue", "park"):
             raise ConfigurationError(f"after_dead_letter {self.after_dead_letter!r}")
+        if self.retry.mode != "hold":  # its retries are always held in the worker
+            object.__setattr__(self, "retry", dataclasses.replace(self.retry, mode="hold"))
 
     def consumer_config(self) -> ConsumerConfig:
         """The plain consumer's settings the shared handler and dead-letter code read."""
@@ -159,7 +141,7 @@ def key_of(d: Delivery) -> str:
     return str(d.method.routing_key)
 
 
-class OrderedConsumer:
+class OrderedConsumer(OnEngine):
     """Consumes every shard queue of ``config.names`` until idle_exit, max_messages or
     :meth:`stop`. ``on_report`` gets one :class:`DeliveryReport` per settlement and per
     held retry (outcome ``held``, with its wait); ``monotonic`` times the retries."""
@@ -179,118 +161,77 @@ class OrderedConsumer:
         self.settings, self.store, self.config = settings, store, config
         self.on_report = on_report or (lambda r: log.info(r.line()))
         self.observer = observer = guarded(observer)
-        self._blocked = BlockedTime(observer.blocked)
         self.clock, self.monotonic, self.uniform = clock, monotonic, uniform
-        self.state = State.STOPPED
+        names = config.names
+        self.engine = ConsumerEngine(
+            settings,
+            store,
+            config.engine_config(
+                names.dead_letter_exchange,
+                RetryExpectations(settings.vhost, names.shard_queues[0], (), "", None, names.dlq),
+            ),
+            observer,
+            clock=clock,
+            uniform=uniform,
+            end_connection=drop_connection,  # held deliveries go back in order (its docstring)
+        )
         self.handled = 0
-        self.connections_opened = 0
-        self.stop_reason: str | None = None
-        self._stop = threading.Event()
         self._cancelled = False
-        self._settled = False
-        self._bound = False  # bind_vhost done (at the first connection)
-        plain = config.consumer_config()
-        self._store = StoreRetry(plain.store_outage)  # the store's outages, retried
         self._runner = HandlerRunner(
             check_handler(handler),
             store,
-            plain,
-            self._store,
+            config.consumer_config(),
+            self.engine.store_retry,
             observer=observer,
             count_failures=False,  # retries are the worker's own (held, in memory)
         )
-        self._writer = ConfirmedWriter(
-            settings, config.dead_letter_attempts, uniform, config.max_message_size
-        )
-        names = config.names
-        self._guard = TopologyGuard(
-            settings,
-            RetryExpectations(settings.vhost, names.shard_queues[0], (), "", None, names.dlq),
-            config.verify_topology,
-        )
         self._parked = (
-            ParkedKeys(store, parked_scope(settings.vhost, config.names))
+            ParkedKeys(store, parked_scope(settings.vhost, names))
             if config.after_dead_letter == "park"
             else None
         )
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
         self._lines: KeyLines[tuple[Any, Delivery]] = KeyLines()
         self._inbox: deque[tuple[Any, Delivery]] = deque()
-        self._connection: Any = None
         self._consumers: dict[str, str] = {}  # consumer tag -> shard queue
 
     def stop(self, reason: str = "stop requested") -> None:
         """Return after the delivery running now (thread- and signal-safe); what is held goes
-        back to the shards, in order, when the connection closes."""
-        self.stop_reason = reason
-        self._stop.set()
+        back to the shards, in order, when the connection ends."""
+        self.engine.stop(reason)
 
     def run(self) -> int:
         """Consume until finished; returns the number of deliveries settled. Recoverable ends
         (a lost connection, a broker cancel) reconnect with backoff; ``reconnect_attempts``
         connections in a row that settled nothing raise BrokerConnectionError. Fatal ends
         raise: QueueNotFound (a shard missing), AuthenticationFailed, VhostAccessDenied,
-        AccessRefused, DedupStoreError, StoreVhostMismatch (checked once connected: the
-        store serves another vhost), DeadLetterFailed (the DLQ would not take a record:
-        everything held goes back to the shards)."""
-        budget = ReconnectBudget(self.config.reconnect_attempts)
-        try:
-            while not self._stop.is_set():
-                self.state = State.CONNECTING
-                self._settled = False
-                try:
-                    self._session()
-                    break
-                except Exception as e:
-                    if classify_end(e) is not End.RECOVERABLE:
-                        raise
-                    budget.connection_ended(self._settled)
-                    if budget.exhausted:
-                        raise BrokerConnectionError(
-                            f"gave up after {budget.failures} connections in a row that settled "
-                            f"nothing; last: {e}"
-                        ) from e
-                    wait = full_jitter(budget.failures, 0.2, 5.0, self.uniform)
-                    log.warning("%s; reconnecting in %.1f s", e, wait)
-                    self._stop.wait(wait)
-            return self.handled
-        finally:
-            self.state = State.STOPPED
-            self._executor.shutdown(wait=True)
-            drop_connection(self._connection)
-            self._blocked.closed()
+        AccessRefused, RetryTopologyError (the DLQ can drop records), DedupStoreError,
+        DeadLetterFailed (the DLQ would not take a record: everything held goes back to the
+        shards)."""
+        self.engine.run(self._session)
+        return self.handled
 
     # --- one connection ---------------------------------------------------------------------
-    def _session(self) -> None:
-        drop_connection(self._connection)
+    def _session(self, connection: Any) -> None:
+        self._end_spans(d for _, d in self._inbox)
+        self._end_spans(d for _, d in self._held())
         self._lines.clear()  # the old connection's deliveries are back in the shards
         self._inbox.clear()
         self._cancelled = False
-        self._blocked.closed()
-        self._connection = connection = connect(self.settings)
-        if not self._bound:  # connection.open passed: the vhost is real, the store serves it
-            identity = broker_identity(self.settings)
-            self._store.call(lambda: bind_vhost(self.store, self.settings.vhost, identity))
-            self._bound = True
-        self.connections_opened += 1
-        if self.connections_opened > 1:
-            self.observer.reconnected()
-        self._blocked.watch(connection)
+        channel = self.engine.open_channel(connection, self.config.prefetch)
         try:
-            channel = connection.channel()
-            channel.basic_qos(prefetch_count=self.config.prefetch)
             channel.add_on_cancel_callback(lambda _frame: self._note_cancel())
-            self._writer.open(connection)
-            self._guard.check()
+            self.engine.guard.check()
             self._consumers = {
                 channel.basic_consume(shard, self._arrive, auto_ack=False): shard
                 for shard in self.config.names.shard_queues
             }
         except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
-        self.state = State.CONSUMING
+        self.engine.state = State.CONSUMING
         try:
             self._loop(connection, channel)
+        except StaleDelivery as e:  # the channel closed: nothing written, all redelivered
+            raise stale_as_lost(e) from e
         except (pe.AMQPError, OSError) as e:
             raise translate(e, self.settings) from e
 
@@ -298,14 +239,37 @@ class OrderedConsumer:
         self._cancelled = True
 
     def _arrive(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        """pika callback (this thread, while pumping): decode and queue for the loop."""
+        """pika callback (this thread, while pumping): decode, start the process span, and
+        queue for the loop."""
         d = prepare(method, properties, body, self.clock(), self.config.max_body_bytes)
+        d.span = start_process_span(
+            self._consumers.get(str(getattr(method, "consumer_tag", "")), "?"),
+            d.headers,
+            message_id=d.message_id,
+            exchange=str(method.exchange),
+            routing_key=str(method.routing_key),
+            delivery_tag=d.delivery_tag,
+            attempt=d.attempt,
+        )
         self._inbox.append((channel, d))
+
+    def _held(self) -> list[tuple[Any, Delivery]]:
+        held: list[tuple[Any, Delivery]] = []
+        for key in list(self._lines.keys()):
+            held.extend(self._lines.take_all(key))
+        return held
+
+    def _end_spans(self, deliveries: Iterable[Delivery]) -> None:
+        """Deliveries of a connection that ended unsettled: redelivered, their spans ended."""
+        for d in deliveries:
+            if d.span is not None:
+                end_process_span(d.span, "not-settled", d.error)
+                d.span = None
 
     def _loop(self, connection: Any, channel: Any) -> None:
         runnable: deque[str] = deque()
         last_activity = self.monotonic()
-        while not self._stop.is_set():
+        while not self.engine.stopping:
             self._check_channel(channel)
             while self._inbox:
                 item = self._inbox.popleft()
@@ -316,9 +280,10 @@ class OrderedConsumer:
                 if self._lines.arrive(key, item):
                     runnable.append(key)
             runnable.extend(self._lines.due(self.monotonic()))
-            while runnable and not self._stop.is_set():
+            while runnable and not self.engine.stopping:
                 self._check_channel(channel)
                 self._run_head(connection, runnable.popleft(), runnable)
+            self.observer.unacked(len(self._lines) + len(self._inbox))
             if self._finished(last_activity):
                 return
             wait = 0.25
@@ -351,64 +316,55 @@ class OrderedConsumer:
         return idle is not None and quiet and self.monotonic() - last_activity >= idle
 
     def _run_head(self, connection: Any, key: str, runnable: deque[str]) -> None:
-        """Run ``key``'s head and settle it; queue the key again when a next one may run."""
+        """Run ``key``'s head and settle it as the decision table says: ack, hold (run again
+        after a wait; the key waits, the others go on), or dead-letter; queue the key again
+        when a next one may run."""
         channel, d = self._lines.head(key)
         failures = self._lines.failures(key)
-        retry = failures > 0
-        if retry:  # a decode error stays: such a delivery never reaches this point again
+        if failures:  # a decode error stays: such a delivery never reaches this point again
             d.error, d.duplicate, d.handler_seconds = None, False, None
             if d.task is not None:  # the handler sees which try this is
                 d.task = dataclasses.replace(d.task, attempt=d.attempt + failures)
-        self._process(connection, d, retry)
-        outcome = classify(d.error)
-        if outcome is Outcome.SUCCESS:
+        self._process(connection, d, retry=failures > 0)
+        settlement = decide(classify(d.error), failures + 1, self.config.retry)
+        if settlement.action is Action.ACK:
             self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
-            self._report(d.report("duplicate" if d.duplicate else "processed", self._tries(key)))
-        elif outcome in (Outcome.TRANSIENT, Outcome.UNKNOWN) and (
-            self._tries(key) < self.config.retry.max_attempts
-        ):
-            failures = self._lines.failures(key) + 1
-            wait = full_jitter(
-                failures - 1, self.config.retry.base, self.config.retry.cap, self.uniform
-            )
+            self._report(d, d.report("duplicate" if d.duplicate else "processed", failures + 1))
+        elif settlement.action is Action.HOLD:
+            retry = self.config.retry
+            wait = full_jitter(failures, retry.base, retry.cap, self.uniform)
             self._lines.fail(key, self.monotonic() + wait)
-            self._report(d.report("held", failures, wait))
+            self._report(d, d.report("held", failures + 1, wait), final=False)
             return  # the key waits; the others go on
         else:
-            blocker = d.message_id
-            if self._parked is not None and blocker is not None:
-                # parked first: a crash between the DLQ record and the park would let the
-                # next worker run K's later messages; a blocker that comes back releases K
-                now = self.clock()
-                self._store.call(lambda: self._parked_keys().park(key, blocker, now))
-            self._dead_letter(connection, channel, d, outcome, self._tries(key))
-            if isinstance(d.error, PoisonMessage) and d.message_id is not None:
-                self._forget_redeliveries(d.message_id)
+            self._dead_letter_head(connection, channel, key, d, settlement)
             if self._parked is not None and d.message_id is not None:
-                for later_channel, later in self._lines.take_all(key)[1:]:
-                    self._park_out(connection, later_channel, later, d.message_id)
-                return
+                return  # the key is parked: its later deliveries went to the DLQ behind it
         if self._lines.done(key) is not None:
             runnable.append(key)
 
-    def _tries(self, key: str) -> int:
-        return self._lines.failures(key) + 1
+    def _dead_letter_head(
+        self, connection: Any, channel: Any, key: str, d: Delivery, settlement: Settlement
+    ) -> None:
+        """Dead-letter a key's head; with ``park``, park the key first (a crash between the
+        DLQ record and the park would let the next worker run K's later messages; a blocker
+        that comes back releases K) and send its later deliveries to the DLQ behind it."""
+        blocker = d.message_id
+        if self._parked is not None and blocker is not None:
+            now = self.clock()
+            self.engine.store_retry.call(lambda: self._parked_keys().park(key, blocker, now))
+        self._dead_letter(connection, channel, d, settlement)
+        if self._parked is not None and blocker is not None:
+            for later_channel, later in self._lines.take_all(key)[1:]:
+                self._park_out(connection, later_channel, later, blocker)
 
     def _process(self, connection: Any, d: Delivery, retry: bool) -> None:
         """The handler (in the dedup transaction) on the handler thread, pumping I/O meanwhile;
-        a connection lost meanwhile waits for the handler, then raises ConnectionLost. A retry
+        a connection lost meanwhile waits for the handler, then raises StaleDelivery. A retry
         counts no redelivery (the poison count is for the broker's redeliveries)."""
-        if retry:
-            future = self._executor.submit(self._runner.run_again, d)
-        else:
-            future = self._executor.submit(self._runner.process, [d])
-        future.add_done_callback(lambda _: _wake(connection))
-        while not future.done():
-            try:
-                connection.process_data_events(time_limit=0.1)
-            except Exception as e:
-                future.exception()
-                raise ConnectionLost(f"connection lost while the handler ran: {e}") from e
+        run = self._runner.run_again if retry else lambda d: self._runner.process([d])
+        future = self.engine.submit(connection, lambda: run(d))
+        self.engine.pump_until_done(connection, [future])
         future.result()  # DedupStoreError: the store failed, nothing is settled
 
     def _parked_out(self, connection: Any, item: tuple[Any, Delivery], key: str) -> bool:
@@ -416,12 +372,12 @@ class OrderedConsumer:
         the blocker itself, back from a replay: that releases the key (False: it runs)."""
         if self._parked is None or key in self._lines:
             return False
-        blocker = self._store.call(lambda: self._parked_keys().blocker(key))
+        blocker = self.engine.store_retry.call(lambda: self._parked_keys().blocker(key))
         if blocker is None:
             return False
         channel, d = item
         if d.message_id == blocker:
-            self._store.call(lambda: self._parked_keys().release(key))
+            self.engine.store_retry.call(lambda: self._parked_keys().release(key))
             log.info("key %r released: its blocker message_id=%s is back", key, blocker)
             return False
         self._park_out(connection, channel, d, blocker)
@@ -429,55 +385,24 @@ class OrderedConsumer:
 
     def _park_out(self, connection: Any, channel: Any, d: Delivery, blocker: str) -> None:
         d.error = KeyParked(f"key {key_of(d)!r} is parked behind message_id={blocker}")
-        self._dead_letter(connection, channel, d, Outcome.BUSINESS, 0)
+        settlement = Settlement(Action.DEAD_LETTER, 0, Outcome.BUSINESS)
+        self._dead_letter(connection, channel, d, settlement)
 
     def _dead_letter(
-        self, connection: Any, channel: Any, d: Delivery, outcome: Outcome, attempts: int
+        self, connection: Any, channel: Any, d: Delivery, settlement: Settlement
     ) -> None:
-        """A confirmed DLQ record through the DLX, then basic.ack; DeadLetterFailed (fatal:
+        """The engine's confirmed DLQ record, then basic.ack; DeadLetterFailed (fatal:
         everything held returns to the shards) when the DLQ would not take it."""
-        first_seen = d.headers.get(FIRST_SEEN_HEADER)
-        first_seen_at = (
-            first_seen if isinstance(first_seen, str) else utc_iso(d.first_seen_at or d.now)
+        self.engine.dead_letter(
+            connection, channel, d, settlement, self._queue_of(d), context_of(d.span)
         )
-        settlement = Settlement(SettleAction.DEAD_LETTER, attempts, outcome)
-        failed_at = self.clock()
-
-        def build(limit: int | None) -> OutgoingMessage:
-            return dlq_message(
-                d,
-                settlement,
-                first_seen_at=first_seen_at,
-                queue=self._queue_of(d),
-                dlx=self.config.names.dead_letter_exchange,
-                failed_at=failed_at,
-                max_message_size=limit,
-            )
-
-        try:
-            self._writer.write_record(
-                connection,
-                channel,
-                build,
-                f"DLQ record for message_id={d.message_id}",
-                context_from_headers(d.headers),  # the dead-letter joins the message's trace
-            )
-        except StaleDelivery as e:  # the channel closed: nothing written, all redelivered
-            raise ConnectionLost(str(e)) from e
-        self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
-        self._report(d.report("dead-lettered", attempts, classification=RECORD_CLASS[outcome]))
+        self.handled += 1
+        kind = RECORD_CLASS.get(settlement.classification, "unknown")
+        self._report(d, d.report("dead-lettered", settlement.attempts, classification=kind))
 
     def _parked_keys(self) -> ParkedKeys:
         assert self._parked is not None
         return self._parked
-
-    def _forget_redeliveries(self, message_id: str) -> None:
-        """After a poison message reached the DLQ its redelivery count starts over, so a
-        replay gets the full budget (as in the plain consumer); best effort."""
-        try:
-            self.store.reset_redeliveries(message_id)
-        except DedupStoreError as e:
-            log.warning("redelivery count of message_id=%s not reset: %s", message_id, e)
 
     def _queue_of(self, d: Delivery) -> str:
         """The shard queue that delivered ``d`` (by its consumer tag)."""
@@ -485,22 +410,13 @@ class OrderedConsumer:
 
     def _settle(self, channel: Any, d: Delivery, settle: Callable[[], None]) -> None:
         """Settle on the delivering channel only (never on a later one: 406 unknown tag)."""
-        if not channel.is_open:
-            raise ConnectionLost(
-                f"message_id={d.message_id}: channel closed before settlement; redelivered"
-            )
-        settle()
+        self.engine.settle(channel, settle, d)
         self.handled += 1
-        self._settled = True
 
-    def _report(self, report: DeliveryReport) -> None:
+    def _report(self, d: Delivery, report: DeliveryReport, final: bool = True) -> None:
+        """Tell the observer and ``on_report``; a final report ends the delivery's span."""
         self.observer.settled(report)
+        if final and d.span is not None:
+            end_process_span(d.span, report.outcome, d.error)
+            d.span = None
         self.on_report(report)
-
-
-def _wake(connection: Any) -> None:
-    """Wake process_data_events from the handler thread (the connection may be closed)."""
-    try:
-        connection.add_callback_threadsafe(lambda: None)
-    except Exception:  # closed: nobody waits for the wake-up then
-        return

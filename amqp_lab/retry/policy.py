@@ -89,10 +89,11 @@ class RetryPolicy:
     ``requeue``: one immediate broker redelivery (basic.reject requeue), then the DLQ.
     ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
     ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
+    ``hold`` (the ordered consumer): the same tries and waits, held unacked in the worker.
     ``base`` and ``cap`` are in seconds.
     """
 
-    mode: Literal["requeue", "backoff"] = "requeue"
+    mode: Literal["requeue", "backoff", "hold"] = "requeue"
     max_attempts: int = 2
     base: float = 1.0
     cap: float = 30.0
