@@ -26,7 +26,7 @@ from amqp_lab.errors import DeadLetterFailed, RecordTooLarge, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
-from amqp_lab.retry.policy import full_jitter
+from amqp_lab.retry.policy import Backoff
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["JSON_RECORD_LIMIT", "RECORD_CLASS", "ConfirmedWriter", "StaleDelivery", "dlq_message"]
@@ -51,6 +51,9 @@ class StaleDelivery(Exception):
 JSON_RECORD_LIMIT = 16 * 1024 * 1024
 """The largest JSON record sent while the broker's ``max_message_size`` is unknown: RabbitMQ
 4.x's default (16 MiB; 3.x: 128 MiB). A larger one goes in the raw form."""
+
+WRITE_BACKOFF = Backoff(base=0.1, cap=2.0)
+"""Between tries of one retry copy or DLQ record: 0.1 s doubling, at most 2 s."""
 
 _SIZE_REFUSAL = re.compile(r"larger than configured max size (\d+)")
 
@@ -222,7 +225,7 @@ class ConfirmedWriter:
                     ) from e
                 problem = f"channel closed: {e.reply_code} {e.reply_text}"
             if attempt < self.attempts:
-                connection.sleep(full_jitter(attempt, 0.1, 2.0, self.uniform))
+                connection.sleep(WRITE_BACKOFF.wait(attempt, self.uniform))
         raise DeadLetterFailed(
             f"{what} to exchange {message.exchange!r} routing key {message.routing_key!r} was "
             f"not confirmed after {self.attempts} tries ({problem}); the original stays unacked"

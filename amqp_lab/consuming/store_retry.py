@@ -17,12 +17,15 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_random_exponential,
 )
 
 from amqp_lab.errors import DedupStoreError, StoreUnavailable
+from amqp_lab.retry.policy import Backoff
 
-__all__ = ["StoreRetry"]
+__all__ = ["STORE_BACKOFF", "StoreRetry"]
+
+STORE_BACKOFF = Backoff(base=0.2, cap=5.0)
+"""Between tries of a store operation during an outage: 0.2 s doubling, at most 5 s."""
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +46,7 @@ class StoreRetry:
         retrying = Retrying(
             retry=retry_if_exception_type(StoreUnavailable),
             stop=stop_after_delay(self.outage),
-            wait=wait_random_exponential(multiplier=0.2, max=5),
+            wait=STORE_BACKOFF.tenacity(),
             before_sleep=_warn,
             reraise=True,
         )

@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+from tenacity import Retrying, retry_if_exception, stop_after_delay
 
 from amqp_lab.dedup.base import (
     Dialect,
@@ -34,8 +34,12 @@ from amqp_lab.dedup.base import (
     schema,
 )
 from amqp_lab.errors import DedupStoreError, StoreUnavailable
+from amqp_lab.retry.policy import Backoff
 
 __all__ = ["SqliteDedupStore"]
+
+OPEN_BACKOFF = Backoff(base=0.01, cap=0.1)
+"""Between tries of creating a new store file another process is creating too."""
 
 
 def _locked(e: BaseException) -> bool:
@@ -70,7 +74,7 @@ class SqliteDedupStore(SqlStore):
             # so the setup is retried until busy_timeout has passed.
             Retrying(
                 stop=stop_after_delay(busy_timeout),
-                wait=wait_random(0.01, 0.1),
+                wait=OPEN_BACKOFF.tenacity(),
                 retry=retry_if_exception(_locked),
                 reraise=True,
             )(self._create_schema, db)

@@ -66,7 +66,7 @@ from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import context_of, end_process_span, start_process_span
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
-from amqp_lab.retry.policy import RetryPolicy, full_jitter
+from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
@@ -331,8 +331,7 @@ class OrderedConsumer(OnEngine):
             self._settle(channel, d, lambda: channel.basic_ack(d.delivery_tag))
             self._report(d, d.report("duplicate" if d.duplicate else "processed", failures + 1))
         elif settlement.action is Action.HOLD:
-            retry = self.config.retry
-            wait = full_jitter(failures, retry.base, retry.cap, self.uniform)
+            wait = self.config.retry.backoff.wait(failures, self.uniform)
             self._lines.fail(key, self.monotonic() + wait)
             self._report(d, d.report("held", failures + 1, wait), final=False)
             return  # the key waits; the others go on

@@ -35,7 +35,6 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_random_exponential,
 )
 
 from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
@@ -50,6 +49,7 @@ from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
+from amqp_lab.retry.policy import Backoff
 from amqp_lab.settings import BrokerSettings
 
 __all__ = [
@@ -68,6 +68,11 @@ class PublishRetry:
     max_attempts: int = 5
     base: float = 0.2
     cap: float = 5.0
+
+    @property
+    def backoff(self) -> Backoff:
+        """The wait between publishes: ``base`` and ``cap`` seconds, full jitter."""
+        return Backoff(self.base, self.cap)
 
 
 class _Nacked(Exception):
@@ -186,7 +191,7 @@ class Publisher:
 
         retrying = Retrying(
             stop=stop_after_attempt(self.retry.max_attempts),
-            wait=wait_random_exponential(multiplier=self.retry.base, max=self.retry.cap),
+            wait=self.retry.backoff.tenacity(),
             retry=retry_if_exception_type((_Nacked, ConnectionLost, BrokerUnavailable)),
             sleep=self._sleep,
             before_sleep=before_sleep,

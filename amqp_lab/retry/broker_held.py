@@ -28,7 +28,7 @@ from amqp_lab.message import (
     original_destination,
     user_headers,
 )
-from amqp_lab.retry.policy import RetryPolicy, capped, full_jitter
+from amqp_lab.retry.policy import RetryPolicy, capped
 
 __all__ = [
     "expiration_ms",
@@ -49,7 +49,7 @@ def retry_wait(
     uniform: Callable[[float, float], float] = random.uniform,
 ) -> float:
     """The full-jitter wait in seconds after failure ``attempts``."""
-    return full_jitter(attempts - 1, policy.base, policy.cap, uniform)
+    return policy.backoff.wait(attempts - 1, uniform)
 
 
 def expiration_ms(seconds: float) -> str:
