@@ -38,17 +38,12 @@ from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
-from amqp_lab.consuming.queue_watch import (
-    await_queue,
-    on_broker_cancel,
-    on_channel_closed,
-    queue_exists,
-)
+from amqp_lab.consuming.queue_watch import ChannelWatch, await_queue
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
 from amqp_lab.dedup import DedupStore
-from amqp_lab.errors import ConsumerCancelled, DeadLetterFailed, DedupStoreError
+from amqp_lab.errors import ConsumerCancelled, DedupStoreError
 from amqp_lab.observability.guard import guarded
-from amqp_lab.observability.tracing import end_process_span, start_process_span
+from amqp_lab.observability.tracing import end_process_span
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
@@ -101,9 +96,7 @@ class Consumer(OnEngine):
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
         self._units: list[_InFlight] = []  # the current connection's units in flight
-        self._cancelled_by_broker = False  # basic.cancel read on the current channel
-        self._queue_after_cancel: bool | None = None  # did the queue outlive that cancel?
-        self._channel_closed: BaseException | None = None  # why the broker closed it
+        self._channel = ChannelWatch(config.queue)  # the broker's cancel or close, heard
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
             self.handler, store, config, self.engine.store_retry, self.watch, observer
@@ -139,28 +132,8 @@ class Consumer(OnEngine):
         :func:`~amqp_lab.dedup.identity.bind_vhost`), DeadLetterFailed (deliveries the DLQ
         would not take were parked and are back in the queue)."""
         self.engine.run(self._session)
-        self._end_with_parked()
+        self._settler.end_of_run()
         return self.handled
-
-    def _end_with_parked(self) -> None:
-        """At the end of a run: raise DeadLetterFailed for deliveries parked because the DLQ
-        took nothing (the worker must not look healthy); deliveries whose record fits no form
-        (RecordTooLarge) are this outcome already - left in the queue, reported, logged."""
-        settler = self._settler
-        stuck = {t: why for t, why in settler.parked_tags.items() if t not in settler.too_large}
-        if stuck:  # on the last connection: the DLQ never took them
-            raise DeadLetterFailed(
-                f"{len(stuck)} deliveries could not be dead-lettered and went back "
-                f"to queue {self.config.queue!r}: {list(stuck.values())[-1]}"
-            )
-        if settler.too_large:
-            log.warning(
-                "%d deliveries too large for any DLQ record went back to queue %r (raise the "
-                "broker's max_message_size, or move them): %s",
-                len(settler.too_large),
-                self.config.queue,
-                settler.parked_tags[next(iter(settler.too_large))],
-            )
 
     # --- one connection ---------------------------------------------------------------------
     def _session(self, connection: Any) -> None:
@@ -170,10 +143,7 @@ class Consumer(OnEngine):
         self._in_flight = 0  # what was in flight on the old connection will be redelivered
         self._settler.new_connection()  # its parked deliveries are back in the queue
         channel = self.engine.open_channel(connection, self.config.prefetch)
-        self._cancelled_by_broker, self._queue_after_cancel = False, None
-        self._channel_closed = None
-        on_broker_cancel(channel, self._note_broker_cancel)
-        on_channel_closed(channel, self._note_channel_closed)
+        self._channel.watch(channel)
         bound = self.config.resubscribe_wait if self._consumed else self.config.queue_wait
         try:
             if not await_queue(
@@ -207,7 +177,7 @@ class Consumer(OnEngine):
             if failed is not None and failed is not e:
                 raise failed from e
             if isinstance(e, StaleDelivery):
-                raise stale_as_lost(e, self._channel_closed) from e
+                raise stale_as_lost(e, self._channel.closed) from e
             if isinstance(e, pe.AMQPError | OSError):
                 raise translate(e, self.settings) from e
             raise
@@ -217,16 +187,6 @@ class Consumer(OnEngine):
                 f"{self.settings.vhost!r} (a consumer timeout on a quorum queue, RabbitMQ 4.3+; "
                 "the queue deleted; or its node gone)"
             )
-
-    def _note_channel_closed(self, reason: BaseException) -> None:
-        """I/O thread: the consuming channel closed; kept when the broker closed it (e.g. 406
-        PRECONDITION_FAILED, a consumer timeout up to RabbitMQ 4.2), for the reconnect line."""
-        if isinstance(reason, pe.ChannelClosedByBroker):
-            self._channel_closed = reason
-
-    def _note_broker_cancel(self) -> None:
-        """I/O thread, the moment the broker's basic.cancel is read: nothing more starts."""
-        self._cancelled_by_broker = True
 
     def _consume(self, connection: Any, channel: Any, consuming: Any) -> bool:
         """The delivery loop; True when it ended on its own terms (stop, idle, max-messages),
@@ -320,7 +280,7 @@ class Consumer(OnEngine):
         settlement of theirs is ignored), so running them would only run them twice; they are
         handed back (:func:`hand_back`) and come back on the next subscription. When the queue
         is gone (deleted, its node down) they run: they may be the only copies left."""
-        if self._handed_back_after_cancel(connection, channel, deliveries):
+        if self._channel.hand_back_after_cancel(connection, deliveries, self._hand_back(channel)):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
         room = 1 if alone else self.config.concurrency
@@ -331,7 +291,9 @@ class Consumer(OnEngine):
                     hand_back(channel, method.delivery_tag)
                 return
             # waiting pumps the connection: the broker's basic.cancel may have been read now
-            if self._handed_back_after_cancel(connection, channel, deliveries):
+            if self._channel.hand_back_after_cancel(
+                connection, deliveries, self._hand_back(channel)
+            ):
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
@@ -380,29 +342,9 @@ class Consumer(OnEngine):
         while units:
             self._settle_done(connection, channel, units, block=True)
 
-    def _handed_back_after_cancel(
-        self, connection: Any, channel: Any, deliveries: list[tuple[Any, Any, bytes]]
-    ) -> bool:
-        """After a broker cancel, while the queue still exists: hand ``deliveries`` back
-        (:func:`hand_back`) instead of starting them, and say so (True)."""
-        if not (self._cancelled_by_broker and self._queue_outlived_cancel(connection)):
-            return False
-        for method, _, _ in deliveries:
-            hand_back(channel, method.delivery_tag)
-        log.warning(
-            "the broker cancelled the consumer of %r: %d delivery(ies) received before the "
-            "cancel go back to the queue without running",
-            self.config.queue,
-            len(deliveries),
-        )
-        return True
-
-    def _queue_outlived_cancel(self, connection: Any) -> bool:
-        """Whether the queue still exists after the broker's cancel: queue.declare(passive) on a
-        channel of its own, asked once per cancel; False on 404 (deleted, or its node down)."""
-        if self._queue_after_cancel is None:
-            self._queue_after_cancel = queue_exists(connection, self.config.queue)
-        return self._queue_after_cancel
+    @staticmethod
+    def _hand_back(channel: Any) -> Callable[[int], None]:
+        return lambda delivery_tag: hand_back(channel, delivery_tag)
 
     def _batch_size(self) -> int:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""
@@ -421,18 +363,7 @@ class Consumer(OnEngine):
         config, now = self.config, self.clock()
         batch = [prepare(m, p, b, now, config.max_body_bytes) for m, p, b in deliveries]
         for d in batch:
-            d.span = start_process_span(
-                config.queue,
-                d.headers,
-                message_id=d.message_id,
-                exchange=str(d.method.exchange),
-                routing_key=str(d.method.routing_key),
-                delivery_tag=d.delivery_tag,
-                attempt=d.attempt,
-            )
-            context = d.span.get_span_context()
-            if context.is_valid:  # with an SDK, a message without a trace starts one
-                d.trace_id = format(context.trace_id, "032x")
+            d.start_span(config.queue)
         return batch
 
     def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:

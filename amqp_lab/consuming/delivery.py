@@ -15,7 +15,7 @@ from amqp_lab.consuming.settlement import attempt_number
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import InvalidMessage, error_text
 from amqp_lab.message import FIRST_SEEN_HEADER, Task, decode_body, header_attempts, properties_of
-from amqp_lab.observability.tracing import trace_id_of
+from amqp_lab.observability.tracing import start_process_span, trace_id_of
 from amqp_lab.oneline import one_line
 
 __all__ = ["Delivery", "DeliveryReport", "prepare"]
@@ -137,6 +137,23 @@ class Delivery:
             self.handler_seconds,
             self.trace_id,
         )
+
+    def start_span(self, queue: str) -> None:
+        """Start this delivery's OpenTelemetry ``process <queue>`` span (ended once settled:
+        :func:`~amqp_lab.observability.tracing.end_process_span`); with an SDK, a message
+        without a trace starts one, whose id the report then carries."""
+        self.span = start_process_span(
+            queue,
+            self.headers,
+            message_id=self.message_id,
+            exchange=str(self.method.exchange),
+            routing_key=str(self.method.routing_key),
+            delivery_tag=self.delivery_tag,
+            attempt=self.attempt,
+        )
+        context = self.span.get_span_context()
+        if context.is_valid:
+            self.trace_id = format(context.trace_id, "032x")
 
     def first_seen_iso(self) -> str:
         """When this message was first received, ISO 8601 UTC: our ``first_seen_at`` header

@@ -4,6 +4,7 @@ the moment pika reads it."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,9 @@ import pika.exceptions as pe
 
 from amqp_lab.errors import QueueNotFound
 
-__all__ = ["await_queue", "on_broker_cancel", "on_channel_closed", "queue_exists"]
+__all__ = ["ChannelWatch", "await_queue", "on_broker_cancel", "on_channel_closed", "queue_exists"]
+
+log = logging.getLogger(__name__)
 
 
 def await_queue(
@@ -86,3 +89,56 @@ def on_channel_closed(channel: Any, callback: Callable[[BaseException], None]) -
     impl = getattr(channel, "_impl", None)
     if impl is not None:
         impl.add_on_close_callback(lambda _channel, reason: callback(reason))
+
+
+class ChannelWatch:
+    """What the broker did to the consuming channel of one connection, heard on the I/O thread
+    the moment pika reads it (:meth:`watch`): ``cancelled`` (its basic.cancel), ``closed`` (the
+    reason when the broker closed the channel: a 406 consumer timeout up to 4.2, for the
+    reconnect line); and, once asked after a cancel, whether the queue outlived it."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.cancelled = False
+        self.closed: BaseException | None = None
+        self._outlived: bool | None = None
+
+    def watch(self, channel: Any) -> None:
+        """Start hearing ``channel``'s cancel and close (a new channel: nothing heard yet)."""
+        self.cancelled, self.closed, self._outlived = False, None, None
+        on_broker_cancel(channel, self._cancel)
+        on_channel_closed(channel, self._close)
+
+    def _cancel(self) -> None:
+        self.cancelled = True
+
+    def _close(self, reason: BaseException) -> None:
+        if isinstance(reason, pe.ChannelClosedByBroker):
+            self.closed = reason
+
+    def hand_back_after_cancel(
+        self,
+        connection: Any,
+        deliveries: list[tuple[Any, Any, bytes]],
+        hand_back: Callable[[int], None],
+    ) -> bool:
+        """After a broker cancel, while the queue still exists (asked once per cancel, on a
+        channel of its own: :func:`queue_exists`): ``hand_back`` every delivery tag instead of
+        starting it, and say so (True). The cancel was then a quorum queue's consumer timeout
+        (RabbitMQ 4.3+), which has returned them already: running them would run them twice.
+        When the queue is gone they run: they may be the only copies left."""
+        if not self.cancelled:
+            return False
+        if self._outlived is None:
+            self._outlived = queue_exists(connection, self.queue)
+        if not self._outlived:
+            return False
+        for method, _, _ in deliveries:
+            hand_back(method.delivery_tag)
+        log.warning(
+            "the broker cancelled the consumer of %r: %d delivery(ies) received before the "
+            "cancel go back to the queue without running",
+            self.queue,
+            len(deliveries),
+        )
+        return True

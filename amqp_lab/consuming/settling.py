@@ -236,6 +236,25 @@ class Settler:
                 f"takes nothing ({error})"
             )
 
+    def end_of_run(self) -> None:
+        """At the end of a run: raise DeadLetterFailed for deliveries parked because the DLQ
+        took nothing (the worker must not look healthy); deliveries whose record fits no form
+        (RecordTooLarge) are this outcome already - left in the queue, reported, logged."""
+        stuck = {t: why for t, why in self.parked_tags.items() if t not in self.too_large}
+        if stuck:  # on the last connection: the DLQ never took them
+            raise DeadLetterFailed(
+                f"{len(stuck)} deliveries could not be dead-lettered and went back "
+                f"to queue {self.config.queue!r}: {list(stuck.values())[-1]}"
+            )
+        if self.too_large:
+            log.warning(
+                "%d deliveries too large for any DLQ record went back to queue %r (raise the "
+                "broker's max_message_size, or move them): %s",
+                len(self.too_large),
+                self.config.queue,
+                self.parked_tags[next(iter(self.too_large))],
+            )
+
     def settle(self, channel: Any, settle: Callable[[], None], d: Delivery) -> None:
         """Settle on the delivering channel only (:meth:`ConsumerEngine.settle`)."""
         self.engine.settle(channel, settle, d)

@@ -2,7 +2,8 @@
 lines, parked keys, and the key distribution report (hot keys, hot shards). The topology side
 is :mod:`amqp_lab.topology.ordered`; docs/ordering.md."""
 
-from amqp_lab.ordering.consumer import OrderedConfig, OrderedConsumer, key_of
+from amqp_lab.ordering.config import OrderedConfig, key_of
+from amqp_lab.ordering.consumer import OrderedConsumer
 from amqp_lab.ordering.distribution import Alert, Distribution, Thresholds, analyze
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKey, ParkedKeys

@@ -45,13 +45,12 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pika.exceptions as pe
 
 from amqp_lab.connection import drop_connection, translate
-from amqp_lab.consuming.config import ConsumerBounds, ConsumerConfig, Handler
+from amqp_lab.consuming.config import Handler
 from amqp_lab.consuming.dead_letter import RECORD_CLASS, StaleDelivery
 from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
 from amqp_lab.consuming.engine import ConsumerEngine, OnEngine, stale_as_lost
@@ -61,84 +60,18 @@ from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action, Outcome, Settlement, classify, decide
 from amqp_lab.dedup import DedupStore
-from amqp_lab.errors import ConfigurationError, ConnectionLost, ConsumerCancelled, KeyParked
+from amqp_lab.errors import ConnectionLost, ConsumerCancelled, KeyParked
 from amqp_lab.observability.guard import guarded
-from amqp_lab.observability.tracing import context_of, end_process_span, start_process_span
+from amqp_lab.observability.tracing import context_of, end_process_span
+from amqp_lab.ordering.config import OrderedConfig, key_of, parked_scope
 from amqp_lab.ordering.holds import KeyLines
 from amqp_lab.ordering.parking import ParkedKeys
-from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
-from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
 
-__all__ = ["OrderedConfig", "OrderedConsumer", "key_of", "parked_scope"]
+__all__ = ["OrderedConfig", "OrderedConsumer", "key_of", "parked_scope"]  # config: re-exported
 
 log = logging.getLogger(__name__)
-
-ORDERED_RETRY = RetryPolicy("hold", max_attempts=5, base=0.5, cap=10.0)
-
-
-@dataclass(frozen=True)
-class OrderedConfig(ConsumerBounds):
-    """``names``: an ordered topology's roles (``shards`` > 0); ``prefetch``: basic.qos
-    prefetch_count per shard consumer - held deliveries occupy it; ``retry``: in-worker
-    retries (``max_attempts`` tries in all, full-jitter waits of ``base``..``cap`` seconds;
-    whatever its mode, it is held in the worker: mode ``hold``); ``after_dead_letter``:
-    ``continue`` or ``park`` (module docstring);
-    ``idle_exit`` seconds without a delivery and nothing held before :meth:`run` returns;
-    ``max_messages``: return after that many settled; the other bounds as in
-    :class:`~amqp_lab.consuming.ConsumerConfig`, ``verify_topology`` checking the DLQ's
-    policies at every connection. Raises ConfigurationError for a topology without shards or
-    bounds below 1."""
-
-    names: Names
-    prefetch: int = 50
-    retry: RetryPolicy = ORDERED_RETRY
-    after_dead_letter: Literal["continue", "park"] = "continue"
-    idle_exit: float | None = None
-    max_messages: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.names.shards:
-            raise ConfigurationError(
-                "the ordered consumer needs the ordered topology (with_ordered, --ordered N)"
-            )
-        self.check_bounds()
-        if self.prefetch < 1:
-            raise ConfigurationError("prefetch must be >= 1")
-        if self.after_dead_letter not in ("continue", "park"):
-            raise ConfigurationError(f"after_dead_letter {self.after_dead_letter!r}")
-        if self.retry.mode != "hold":  # its retries are always held in the worker
-            object.__setattr__(self, "retry", dataclasses.replace(self.retry, mode="hold"))
-
-    def consumer_config(self) -> ConsumerConfig:
-        """The plain consumer's settings the shared handler and dead-letter code read."""
-        return ConsumerConfig(
-            self.names,
-            prefetch=self.prefetch,
-            max_redeliveries=self.max_redeliveries,
-            max_body_bytes=self.max_body_bytes,
-            dead_letter_attempts=self.dead_letter_attempts,
-            store_outage=self.store_outage,
-            verify_topology=False,
-            max_message_size=self.max_message_size,
-        )
-
-
-def parked_scope(vhost: str, names: Names) -> str:
-    """The scope of an ordered topology's parked keys: ``vhost/entry-exchange``. A store
-    serves one vhost (:mod:`amqp_lab.dedup.identity`); the vhost stays in the scope so that rows
-    written before a store was bound, and ``keys.py parked`` reading any store, stay
-    unambiguous."""
-    return f"{vhost}/{names.exchange}"
-
-
-def key_of(d: Delivery) -> str:
-    """A delivery's key for its line: its routing key, which is what the consistent-hash
-    exchange placed it by (our publisher sets the ``key`` header to the same value). A
-    foreign publisher's ``key`` header that says otherwise is ignored here: lining up by it
-    could run one key on two shards at once."""
-    return str(d.method.routing_key)
 
 
 class OrderedConsumer(OnEngine):
@@ -242,15 +175,7 @@ class OrderedConsumer(OnEngine):
         """pika callback (this thread, while pumping): decode, start the process span, and
         queue for the loop."""
         d = prepare(method, properties, body, self.clock(), self.config.max_body_bytes)
-        d.span = start_process_span(
-            self._consumers.get(str(getattr(method, "consumer_tag", "")), "?"),
-            d.headers,
-            message_id=d.message_id,
-            exchange=str(method.exchange),
-            routing_key=str(method.routing_key),
-            delivery_tag=d.delivery_tag,
-            attempt=d.attempt,
-        )
+        d.start_span(self._queue_of(d))
         self._inbox.append((channel, d))
 
     def _held(self) -> list[tuple[Any, Delivery]]:
