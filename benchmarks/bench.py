@@ -55,6 +55,7 @@ import pika
 from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
@@ -457,7 +458,7 @@ def repetition(
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--window", type=int, default=10000, help="unconfirmed in flight")

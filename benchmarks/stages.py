@@ -50,6 +50,7 @@ import pika.spec
 from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.config import ConsumerConfig
 from amqp_lab.consuming.dead_letter import ConfirmedWriter
 from amqp_lab.consuming.delivery import Delivery, prepare
@@ -188,7 +189,7 @@ def noop(db: Any) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)

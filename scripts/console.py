@@ -18,6 +18,7 @@ from pathlib import Path
 
 from _cli import ROOT, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.console.access import TokenLogFilter, check_binding
 from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG
 from amqp_lab.errors import ConfigurationError
@@ -31,7 +32,7 @@ def positive_int(text: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8085)
     parser.add_argument(

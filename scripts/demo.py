@@ -9,7 +9,6 @@ it (``python scripts/broker.py stop``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import httpx
 from _cli import EXIT_FAILED, EXIT_OK, ROOT, run
 from prometheus_client.parser import text_string_to_metric_families
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
@@ -163,7 +163,7 @@ def say_broker_left_running(node: LocalBroker, how: str) -> None:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    CommandParser(description=__doc__.splitlines()[0]).parse_args()
     node = None if os.environ.get("EAI_AMQP_URL") else LocalBroker()
     left_running: list[str] = []  # how the dedicated node came to run, once it does
     try:

@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from datetime import UTC, datetime
 
 from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.ops import browse, depth
 from amqp_lab.dlq.view import summarize
@@ -20,7 +20,7 @@ from amqp_lab.oneline import one_line
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--queue", default=None, help="the DLQ to list (default: the topology's)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")

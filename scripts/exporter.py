@@ -14,7 +14,6 @@ port, named there); it runs until SIGINT or SIGTERM, then exits 0.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from types import FrameType
 from _cli import EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 from prometheus_client import CollectorRegistry, start_http_server
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.observability.queues import DEFAULT_TIMEOUT, QueueCollector
 
@@ -30,7 +30,7 @@ DEFAULT_PORT = 9419
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")

@@ -33,6 +33,7 @@ from _cli import (
     topology_from,
 )
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG, AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
@@ -50,7 +51,7 @@ def iso_time(text: str) -> datetime:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every DLQ message")
     parser.add_argument("--message-id")
     parser.add_argument("--error-type", help="e.g. RuntimeError (see dlq.py --summary)")

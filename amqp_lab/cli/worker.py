@@ -28,6 +28,7 @@ from amqp_lab.cli.common import (
     settings_from_env,
     topology_from,
 )
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.consuming.handler_contract import check_handler
@@ -78,7 +79,7 @@ def main(
 ) -> int:
     """The worker command (exit code returned). ``default_handler``: the ``module:function``
     used without ``--handler``; ``state_dir``: where the default SQLite store lives."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument(
         "--handler",
