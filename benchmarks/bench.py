@@ -9,7 +9,7 @@ another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and de
 
 The bench queue is declared like the work queue q:tasks is configured, its policy given as
 declare arguments (a policy would need the management API): ``--queue-type classic`` (the
-default), durable with the queue-mode of q:tasks' policy in amqp_lab/topology/definitions.json
+default), durable with the queue-mode of q:tasks' policy in topology/definitions.json
 (lazy); ``--queue-type quorum``, ``x-queue-type: quorum`` with the dead-letter strategy,
 overflow and delivery limit of the quorum topology's policy, and no ``x-queue-mode``, which a
 quorum queue refuses (406 PRECONDITION_FAILED "invalid arg 'x-queue-mode'", seen on 4.3.6).

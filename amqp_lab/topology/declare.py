@@ -14,7 +14,13 @@ from typing import Any
 import pika.exceptions as pe
 
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.errors import PreconditionFailed, TopologyError
+from amqp_lab.errors import (
+    AccessRefused,
+    ChannelError,
+    NotFound,
+    PreconditionFailed,
+    TopologyError,
+)
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import (
@@ -102,14 +108,7 @@ def apply_topology(
                 )
                 _record(report, f"queue {queue.name}", existing[("queue", queue.name)])
             for binding in topology.bindings:
-                channel = _declare(
-                    connection,
-                    channel,
-                    "binding",
-                    binding.destination,
-                    lambda ch, b=binding: _bind(ch, b),
-                    settings,
-                )
+                channel = _declare_binding(connection, channel, binding, settings)
                 name = (
                     f"binding {binding.source} -> {binding.destination} ({binding.routing_key!r})"
                 )
@@ -183,6 +182,21 @@ def _bind(channel: Any, binding: Binding) -> None:
         routing_key=binding.routing_key,
         arguments=dict(binding.arguments),
     )
+
+
+def _declare_binding(
+    connection: Any, channel: Any, binding: Binding, settings: BrokerSettings
+) -> Any:
+    """Declare one binding; a refusal names it by source, destination and routing key (a 404
+    alone would name only the exchange or queue that is missing)."""
+    try:
+        return _declare(
+            connection, channel, "binding", binding.label, lambda ch: _bind(ch, binding), settings
+        )
+    except ChannelError as e:
+        if type(e) not in (ChannelError, PreconditionFailed, NotFound, AccessRefused):
+            raise
+        raise type(e)(f"binding {binding.label}: {e}", e.reply_code) from e
 
 
 def _record(report: ApplyReport, name: str, existed: bool) -> None:

@@ -30,7 +30,7 @@ from amqp_lab.topology import load_topology
 
 __all__ = ["TOPOLOGY", "invoices", "main"]
 
-TOPOLOGY = Path(__file__).resolve().parent / "topology.json"
+TOPOLOGY = Path(__file__).resolve().parents[2] / "topology" / "invoices.json"
 
 
 def invoices(

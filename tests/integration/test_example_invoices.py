@@ -18,7 +18,7 @@ from amqp_lab.settings import BrokerSettings
 from tests.support import ROOT, parse_lines, ready_count, run_script, script_env
 
 pytestmark = [pytest.mark.integration]
-TOPOLOGY = ROOT / "examples" / "invoices" / "topology.json"
+TOPOLOGY = ROOT / "topology" / "invoices.json"
 HANDLER = "examples.invoices.handler:handle"
 QUEUES = ["q:invoices", "q:invoices:dlq", *(f"q:invoices:wait:{n}" for n in (1, 2, 3))]
 GOOD = {"inv-1": ("customer-1", 100), "inv-2": ("customer-2", 200), "inv-3": ("customer-3", 300)}
