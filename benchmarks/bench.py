@@ -61,8 +61,8 @@ from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import QUEUE_TYPES, Names, QueueType, load_topology, with_queue_type

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.observability.logs import json_line, report_event
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.observability.tracing import (
     end_process_span,
     start_process_span,

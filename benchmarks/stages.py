@@ -57,8 +57,8 @@ from amqp_lab.consuming.delivery import Delivery, prepare
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler
 from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import Names

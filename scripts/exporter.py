@@ -2,7 +2,7 @@
 """Serve the queue-side Prometheus metrics (queue depth, consumers, DLQ age, probe success).
 
 Work queue and DLQ depth, consumers, the DLQ's oldest record age and probe success
-(amqp_lab.observability.queues; docs/operating.md).
+(amqp_lab.exporters.queues; docs/operating.md).
 
     python scripts/exporter.py [--port 9419] [--host 127.0.0.1] [--topology FILE]
                                [--ordered SHARDS] [--timeout S]
@@ -20,11 +20,12 @@ import threading
 from types import FrameType
 
 from _cli import EXIT_OK, add_topology_option, run, settings_from_env, topology_from
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import ConfigurationError
-from amqp_lab.observability.queues import DEFAULT_TIMEOUT, QueueCollector
+from amqp_lab.exporters.queues import DEFAULT_TIMEOUT, QueueCollector
+from amqp_lab.exporters.server import serve_metrics
 
 DEFAULT_PORT = 9419
 
@@ -56,7 +57,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+        server, thread = serve_metrics(args.port, args.host, registry)
     except OSError as e:
         raise ConfigurationError(f"cannot serve metrics on {args.host}:{args.port}: {e}") from e
     print(

@@ -26,8 +26,9 @@ from _cli import (
 
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import AmqpLabError, ConfigurationError, MessageNacked, MessageUnroutable
+from amqp_lab.exporters.metrics import PublisherMetrics
+from amqp_lab.exporters.server import serve_metrics
 from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, decode_json, encode_json, message_for
-from amqp_lab.observability.metrics import PublisherMetrics, serve_metrics
 from amqp_lab.oneline import one_line
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message

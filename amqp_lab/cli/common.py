@@ -116,7 +116,7 @@ def _error_line(text: str) -> None:
         print(f"error: {one_line(text)}", file=sys.stderr)
 
 
-def add_topology_option(parser: argparse.ArgumentParser) -> None:
+def add_topology_option(parser: argparse._ActionsContainer) -> None:
     """``--topology FILE``: the definitions file whose ``amqp_lab`` section names every queue
     and exchange the command uses (default: the topology amqp-lab ships)."""
     parser.add_argument(

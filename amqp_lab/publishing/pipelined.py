@@ -154,7 +154,7 @@ class PipelinedPublisher:
     when nacked; ``base`` / ``cap``: backoff seconds for nack retries and reconnects;
     ``confirm_timeout``: seconds without a confirm, while messages are unconfirmed, after which
     the connection counts as lost (None: wait as long as the connection lives); ``observer``
-    (e.g. :class:`amqp_lab.observability.metrics.PublisherMetrics`): outcomes, confirm
+    (e.g. :class:`amqp_lab.exporters.metrics.PublisherMetrics`): outcomes, confirm
     latencies, blocked periods and reconnects. A message handed over inside a span carries
     that span's W3C trace context (``traceparent``); no span per message is made.
 

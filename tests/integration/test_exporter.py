@@ -1,4 +1,4 @@
-"""The queue-side exporter (scripts/exporter.py, amqp_lab.observability.queues) scraped over
+"""The queue-side exporter (scripts/exporter.py, amqp_lab.exporters.queues) scraped over
 HTTP as Prometheus would: exact depths and consumer counts, the DLQ head's age, a DLQ left as
 it was (depth and order) however often it is scraped, and probe failure instead of an error
 when the broker, the vhost or a queue is missing."""

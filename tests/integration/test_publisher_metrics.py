@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from amqp_lab.errors import MessageUnroutable, NotFound
-from amqp_lab.observability.metrics import PublisherMetrics
+from amqp_lab.exporters.metrics import PublisherMetrics
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings

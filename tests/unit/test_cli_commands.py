@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.cli import common
 from amqp_lab.cli.common import require_extra
 from amqp_lab.cli.state import default_audit_log
 from amqp_lab.errors import ConfigurationError
@@ -66,7 +65,7 @@ def test_the_console_without_flask_says_which_extra_to_install(
     def without_flask(name: str, *args: Any) -> Any:
         return None if name == "flask" else real(name, *args)
 
-    monkeypatch.setattr(common.importlib.util, "find_spec", without_flask)
+    monkeypatch.setattr(importlib.util, "find_spec", without_flask)
     from amqp_lab.cli import console
 
     with pytest.raises(ConfigurationError) as raised:

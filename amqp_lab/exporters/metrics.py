@@ -1,28 +1,46 @@
-"""Prometheus metrics of a worker and a publisher (prometheus-client), and their /metrics
-endpoint.
+"""Prometheus metrics of a worker and a publisher (prometheus-client).
 
 Names follow the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
 ``amqp_lab_`` prefix, ``_total`` counters, ``_seconds`` durations. A worker's metrics are
 labelled ``vhost`` and ``queue``, a publisher's ``vhost`` and ``exchange``. The list, what
-each means and the alerts on them: docs/operating.md. The queue-side gauges (DLQ depth and
-age, consumers) come from :mod:`amqp_lab.observability.queues`, scraped apart from workers:
-a dead worker cannot report that nobody consumes.
+each means and the alerts on them: docs/operating.md. A worker's outcome counters carry the
+outcome names of its report lines (:mod:`amqp_lab.observability.outcomes`). The queue-side
+gauges (DLQ depth and age, consumers) come from :mod:`amqp_lab.exporters.queues`, scraped
+apart from workers: a dead worker cannot report that nobody consumes.
 
 Every object takes the ``registry`` to register on (default: prometheus-client's global
-one); two objects with the same names need two registries.
+one); two objects with the same names need two registries. Importing this module turns off
+prometheus-client's ``_created`` series process-wide (``disable_created_metrics``): one more
+series per counter and histogram child that no dashboard or alert reads.
 """
 
 from __future__ import annotations
 
-import threading
-from wsgiref.simple_server import WSGIServer
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import start_http_server
+from amqp_lab.observability.outcomes import (
+    DEAD_LETTERED,
+    DUPLICATE,
+    PARKED,
+    PROCESSED,
+    REQUEUED,
+    RETRIED,
+    SettledReport,
+)
 
-from amqp_lab.consuming.delivery import DeliveryReport
+__all__ = ["ConsumerMetrics", "PublisherMetrics", "process_registry"]
 
-__all__ = ["ConsumerMetrics", "PublisherMetrics", "serve_metrics"]
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Seconds: handler, store and confirm latencies, from a millisecond to half a minute."""
@@ -34,10 +52,11 @@ class ConsumerMetrics:
     """The :class:`~amqp_lab.consuming.observer.ConsumerObserver` of one consumer, as
     Prometheus metrics labelled ``vhost`` and ``queue``:
 
-    * ``amqp_lab_consumer_processed_total``, ``..._duplicates_total``;
-    * ``..._requeued_total`` (basic.reject requeue), ``..._retried_total{attempt}`` (a retry
-      copy sent to wait queue ``attempt``);
-    * ``..._dead_lettered_total{classification,error_type}``, ``..._parked_total``;
+    * one counter per outcome of the report lines: ``amqp_lab_consumer_processed_total``,
+      ``..._duplicates_total`` (outcome ``duplicate``), ``..._requeued_total`` (basic.reject
+      requeue), ``..._retried_total{attempt}`` (a retry scheduled after failure ``attempt``:
+      a copy in wait queue ``attempt``, or held in the ordered worker),
+      ``..._dead_lettered_total{classification,error_type}``, ``..._parked_total``;
     * ``amqp_lab_consumer_handler_duration_seconds``, ``..._ack_batch_deliveries`` (histograms);
     * ``amqp_lab_consumer_unacked_deliveries`` (gauge: received, not settled);
     * ``..._blocked_seconds_total`` (connection blocked by a resource alarm),
@@ -69,7 +88,8 @@ class ConsumerMetrics:
         )
         self.retried = Counter(
             "amqp_lab_consumer_retried_total",
-            "Failed deliveries sent to a wait queue (broker-held backoff), by attempt",
+            "Failed deliveries retried later: a copy in a wait queue, or held in the ordered "
+            "worker, by attempt",
             (*labels, "attempt"),
             registry=registry,
         )
@@ -125,33 +145,33 @@ class ConsumerMetrics:
             registry=registry,
         )
         self._labels = (vhost, queue)
-        for counter in (self.processed, self.duplicates, self.requeued, self.parked):
+        self._by_outcome = {
+            PROCESSED: self.processed,
+            DUPLICATE: self.duplicates,
+            REQUEUED: self.requeued,
+            PARKED: self.parked,
+        }
+        for counter in self._by_outcome.values():
             counter.labels(*self._labels)  # exported as 0 from the start, not absent
         self.blocked_seconds.labels(*self._labels)
         self.reconnects.labels(*self._labels)
         self.in_flight.labels(*self._labels).set(0)
 
-    def settled(self, report: DeliveryReport) -> None:
-        """Count one settled delivery by its outcome; observe its handler time."""
+    def settled(self, report: SettledReport) -> None:
+        """Count one settled delivery by its outcome (the counter of that name; see
+        :mod:`amqp_lab.observability.outcomes`); observe its handler time."""
         labels = self._labels
         if report.handler_seconds is not None:
             self.handler_seconds.labels(*labels).observe(report.handler_seconds)
         outcome = report.outcome
-        if outcome == "processed":
-            self.processed.labels(*labels).inc()
-        elif outcome == "duplicate":
-            self.duplicates.labels(*labels).inc()
-        elif outcome == "held" or (outcome == "requeued" and report.wait is not None):
-            # a retry copy into a wait queue, or (ordered consumer) an in-worker retry
+        if outcome == RETRIED:
             self.retried.labels(*labels, str(report.attempts)).inc()
-        elif outcome == "requeued":
-            self.requeued.labels(*labels).inc()
-        elif outcome == "dead-lettered":
+        elif outcome == DEAD_LETTERED:
             self.dead_lettered.labels(
                 *labels, report.classification or "unknown", report.error_type or "unknown"
             ).inc()
-        elif outcome == "parked":
-            self.parked.labels(*labels).inc()
+        elif outcome in self._by_outcome:
+            self._by_outcome[outcome].labels(*labels).inc()
 
     def batch_settled(self, deliveries: int) -> None:
         """Observe one settled batch's size."""
@@ -228,11 +248,10 @@ class PublisherMetrics:
         self.reconnects.labels(self.vhost).inc()
 
 
-def serve_metrics(
-    port: int, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` as ``http://host:port/metrics`` (Prometheus text format) on a
-    daemon thread; returns (server, thread). Port 0 picks a free port (``server.server_port``).
-    Raises OSError when the port is taken."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    return server, thread
+def process_registry() -> CollectorRegistry:
+    """A registry of its own with the process, platform and garbage-collector collectors
+    (``process_*``, ``python_*``): what a worker or a publisher serves beside its metrics."""
+    registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    return registry
