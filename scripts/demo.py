@@ -218,7 +218,7 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
     )
     outcomes = {
         o: count(worker, f"outcome={o} ")
-        for o in ("processed", "duplicate", "requeued", "dead-lettered")
+        for o in ("processed", "duplicate", "requeued", "retried", "dead-lettered")
     }
     summary.append("worker: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
 
