@@ -29,9 +29,9 @@ from amqp_lab.audit import (
 )
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import ConfigurationError, QueueNotFound
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.management import ManagementClient
 from amqp_lab.oneline import one_line
+from amqp_lab.typed_fields import typed_table
 
 
 def preview(body: bytes, width: int = 60) -> str:

@@ -25,8 +25,8 @@ from amqp_lab.errors import (
     NotFound,
     VhostAccessDenied,
 )
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.settings import mask_url
+from amqp_lab.typed_fields import typed_table
 
 __all__ = [
     "MAX_PAYLOAD_CHARS",

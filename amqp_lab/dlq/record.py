@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.errors import error_text
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     JSON,
@@ -33,6 +32,7 @@ from amqp_lab.message import (
     original_destination,
     user_headers,
 )
+from amqp_lab.typed_fields import typed_table
 
 __all__ = [
     "MAX_PAYLOAD_DEPTH",

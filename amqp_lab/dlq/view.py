@@ -18,7 +18,6 @@ from typing import Any
 
 from amqp_lab.dlq.raw_record import RAW_RECORD_HEADER, raw_record_parts
 from amqp_lab.dlq.record import RECORD_TYPE, decode_payload, encode_payload, utc_iso
-from amqp_lab.fieldtable import from_typed, table_from_typed, typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     FIRST_SEEN_HEADER,
@@ -29,6 +28,7 @@ from amqp_lab.message import (
     original_destination,
     user_headers,
 )
+from amqp_lab.typed_fields import from_typed, table_from_typed, typed_table
 
 __all__ = [
     "DlqEntry",
