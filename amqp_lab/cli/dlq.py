@@ -22,7 +22,8 @@ from amqp_lab.cli.common import (
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dlq.ops import browse, depth
-from amqp_lab.dlq.view import DlqEntry, summarize
+from amqp_lab.dlq.summary import summarize
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.oneline import one_line
 from amqp_lab.settings import BrokerSettings
 

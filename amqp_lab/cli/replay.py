@@ -37,7 +37,7 @@ from amqp_lab.cli.progress import Progress
 from amqp_lab.cli.state import default_audit_log
 from amqp_lab.dlq.audit_log import AuditLog
 from amqp_lab.dlq.ops import ReplayResult, replay
-from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.summary import Selection
 from amqp_lab.dlq.window import DEFAULT_WINDOW, PassReport
 from amqp_lab.oneline import one_line
 from amqp_lab.settings import BrokerSettings

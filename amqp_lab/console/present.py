@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.dlq.record import utc_iso
-from amqp_lab.dlq.view import DlqEntry, parse_time
+from amqp_lab.dlq.summary import parse_time
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.errors import (
     AccessRefused,
     AmqpLabError,

@@ -12,7 +12,7 @@ import pytest
 
 from amqp_lab.dedup import open_store
 from amqp_lab.dlq.ops import browse, replay
-from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.summary import Selection
 from amqp_lab.errors import BusinessError, TransientError
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import Task, message_for
