@@ -152,13 +152,7 @@ def replay(
     message carries (:func:`amqp_lab.observability.tracing.replay_span`). Raises NotFound
     (no ``queue``), ReplayStopped, ConnectionLost or a ChannelError when the pass stops early
     (what was replayed stays replayed, the rest is in the DLQ)."""
-    interval = 1.0 / rate if rate else 0.0
-    if interval > max_hold / 2:
-        raise ConfigurationError(
-            f"a rate of {rate:g}/s waits {interval:g} s between replays, more than half the "
-            f"{max_hold:g} s a record may stay unacked: use at least {2 / max_hold:g}/s, or "
-            "replay a few at a time (--limit) from a timer"
-        )
+    interval = _interval(rate, max_hold)
     dlq_pass = DlqPass(
         settings,
         queue,
@@ -176,6 +170,19 @@ def replay(
         if on_pass is not None:
             on_pass(dlq_pass.report)
     return replayer.results
+
+
+def _interval(rate: float | None, max_hold: float) -> float:
+    """Seconds between replays at ``rate`` per second (0: no limit). Raises
+    ConfigurationError when a record would stay unacked through more than half ``max_hold``."""
+    interval = 1.0 / rate if rate else 0.0
+    if interval > max_hold / 2:
+        raise ConfigurationError(
+            f"a rate of {rate:g}/s waits {interval:g} s between replays, more than half the "
+            f"{max_hold:g} s a record may stay unacked: use at least {2 / max_hold:g}/s, or "
+            "replay a few at a time (--limit) from a timer"
+        )
+    return interval
 
 
 class _Replayer:

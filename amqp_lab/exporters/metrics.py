@@ -46,6 +46,23 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 """Seconds: handler, store and confirm latencies, from a millisecond to half a minute."""
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 """Deliveries per settled batch (``--ack-batch`` is at most the prefetch)."""
+_CONSUMER_HELP = {
+    "consumer_processed": "Deliveries processed and acked",
+    "consumer_duplicates": "Deliveries acked without running the handler: their message_id "
+    "was processed",
+    "consumer_requeued": "Failed deliveries returned to the queue (basic.reject requeue)",
+    "consumer_retried": "Failed deliveries retried later: a copy in a wait queue, or held in "
+    "the ordered worker, by attempt",
+    "consumer_dead_lettered": "Deliveries dead-lettered, by classification and error type",
+    "consumer_parked": "Deliveries the DLQ would not take, left unacked",
+    "consumer_handler_duration_seconds": "Handler run time",
+    "consumer_ack_batch_deliveries": "Deliveries per settled batch (one store transaction)",
+    "consumer_unacked_deliveries": "Deliveries received and not settled yet",
+    "consumer_blocked_seconds": "Seconds the connection was blocked by a memory or disk alarm",
+    "consumer_reconnects": "Connections that replaced one",
+    "dedup_store_duration_seconds": "Dedup store operation time, the handler's time excluded",
+}
+"""The help text of each worker metric (its name without ``amqp_lab_`` and ``_total``)."""
 
 
 class ConsumerMetrics:
@@ -68,82 +85,32 @@ class ConsumerMetrics:
         self, vhost: str, queue: str, registry: CollectorRegistry | None = REGISTRY
     ) -> None:
         labels = ("vhost", "queue")
-        self.processed = Counter(
-            "amqp_lab_consumer_processed_total",
-            "Deliveries processed and acked",
-            labels,
-            registry=registry,
-        )
-        self.duplicates = Counter(
-            "amqp_lab_consumer_duplicates_total",
-            "Deliveries acked without running the handler: their message_id was processed",
-            labels,
-            registry=registry,
-        )
-        self.requeued = Counter(
-            "amqp_lab_consumer_requeued_total",
-            "Failed deliveries returned to the queue (basic.reject requeue)",
-            labels,
-            registry=registry,
-        )
-        self.retried = Counter(
-            "amqp_lab_consumer_retried_total",
-            "Failed deliveries retried later: a copy in a wait queue, or held in the ordered "
-            "worker, by attempt",
-            (*labels, "attempt"),
-            registry=registry,
-        )
-        self.dead_lettered = Counter(
-            "amqp_lab_consumer_dead_lettered_total",
-            "Deliveries dead-lettered, by classification and error type",
-            (*labels, "classification", "error_type"),
-            registry=registry,
-        )
-        self.parked = Counter(
-            "amqp_lab_consumer_parked_total",
-            "Deliveries the DLQ would not take, left unacked",
-            labels,
-            registry=registry,
-        )
-        self.handler_seconds = Histogram(
-            "amqp_lab_consumer_handler_duration_seconds",
-            "Handler run time",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.batch = Histogram(
-            "amqp_lab_consumer_ack_batch_deliveries",
-            "Deliveries per settled batch (one store transaction)",
-            labels,
-            buckets=BATCH_BUCKETS,
-            registry=registry,
-        )
+
+        def counter(name: str, *extra: str) -> Counter:
+            help_ = _CONSUMER_HELP[name]
+            return Counter(f"amqp_lab_{name}_total", help_, (*labels, *extra), registry=registry)
+
+        def histogram(name: str, buckets: tuple[float, ...], *extra: str) -> Histogram:
+            help_ = _CONSUMER_HELP[name]
+            return Histogram(
+                f"amqp_lab_{name}", help_, (*labels, *extra), buckets=buckets, registry=registry
+            )
+
+        self.processed = counter("consumer_processed")
+        self.duplicates = counter("consumer_duplicates")
+        self.requeued = counter("consumer_requeued")
+        self.retried = counter("consumer_retried", "attempt")
+        self.dead_lettered = counter("consumer_dead_lettered", "classification", "error_type")
+        self.parked = counter("consumer_parked")
+        self.handler_seconds = histogram("consumer_handler_duration_seconds", LATENCY_BUCKETS)
+        self.batch = histogram("consumer_ack_batch_deliveries", BATCH_BUCKETS)
+        unacked = _CONSUMER_HELP["consumer_unacked_deliveries"]
         self.in_flight = Gauge(
-            "amqp_lab_consumer_unacked_deliveries",
-            "Deliveries received and not settled yet",
-            labels,
-            registry=registry,
+            "amqp_lab_consumer_unacked_deliveries", unacked, labels, registry=registry
         )
-        self.blocked_seconds = Counter(
-            "amqp_lab_consumer_blocked_seconds_total",
-            "Seconds the connection was blocked by a memory or disk alarm",
-            labels,
-            registry=registry,
-        )
-        self.reconnects = Counter(
-            "amqp_lab_consumer_reconnects_total",
-            "Connections that replaced one",
-            labels,
-            registry=registry,
-        )
-        self.store_seconds = Histogram(
-            "amqp_lab_dedup_store_duration_seconds",
-            "Dedup store operation time, the handler's time excluded",
-            (*labels, "operation"),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
+        self.blocked_seconds = counter("consumer_blocked_seconds")
+        self.reconnects = counter("consumer_reconnects")
+        self.store_seconds = histogram("dedup_store_duration_seconds", LATENCY_BUCKETS, "operation")
         self._labels = (vhost, queue)
         self._by_outcome = {
             PROCESSED: self.processed,
@@ -151,10 +118,12 @@ class ConsumerMetrics:
             REQUEUED: self.requeued,
             PARKED: self.parked,
         }
-        for counter in self._by_outcome.values():
-            counter.labels(*self._labels)  # exported as 0 from the start, not absent
-        self.blocked_seconds.labels(*self._labels)
-        self.reconnects.labels(*self._labels)
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """The unlabelled-by-value series, exported as 0 from the start, not absent."""
+        for zero in (*self._by_outcome.values(), self.blocked_seconds, self.reconnects):
+            zero.labels(*self._labels)
         self.in_flight.labels(*self._labels).set(0)
 
     def settled(self, report: SettledReport) -> None:

@@ -59,6 +59,7 @@ def scrape(url: str) -> Samples:
     """GET /metrics and parse it: {(sample name, labels): value}."""
     response = httpx.get(url, timeout=20)
     assert response.status_code == 200, response.text
+    assert "_created" not in response.text  # issue 23: no _created series
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(response.text)
