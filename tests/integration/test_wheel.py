@@ -143,8 +143,9 @@ def test_the_wheel_installs_the_five_commands(installed: Path, tmp_path: Path) -
             [str(installed / command), "--help"], capture_output=True, text=True, timeout=60
         )
         assert help_.returncode == 0 and help_.stdout.startswith("usage: "), (command, help_)
+        needed = ["--handler", "app:handle"] if command == "amqp-lab-worker" else []
         refused = subprocess.run(
-            [str(installed / command), "--no-such-option"],
+            [str(installed / command), *needed, "--no-such-option"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -174,10 +175,14 @@ def test_the_console_without_its_extra_says_which_to_install(
     )
 
 
-def test_the_wheel_ships_the_repositorys_topology_files(installed: Path) -> None:
+def test_the_wheel_ships_the_repositorys_topology_files(installed: Path, tmp_path: Path) -> None:
     probe = "import amqp_lab.topology.files as f; print(f.packaged('definitions.json').parent)"
-    where = subprocess.run(
-        [str(installed / "python"), "-c", probe], capture_output=True, text=True, timeout=60
+    where = subprocess.run(  # outside the checkout: its amqp_lab/ must not be found first
+        [str(installed / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert where.returncode == 0, where.stderr
     data = Path(where.stdout.strip())
