@@ -92,7 +92,7 @@ class RetryPolicy:
     ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
     ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
     ``base`` and ``cap`` are in seconds. Raises ConfigurationError (one line naming the field)
-    for another mode, ``max_attempts`` below 1 or a negative ``base`` or ``cap``.
+    for ``max_attempts`` below 1 or a negative ``base`` or ``cap``.
     """
 
     mode: Literal["requeue", "backoff"] = "requeue"
@@ -101,8 +101,6 @@ class RetryPolicy:
     cap: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.mode not in ("requeue", "backoff"):
-            raise ConfigurationError(f"retry mode {self.mode!r}: choose requeue or backoff")
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, not {self.max_attempts}")
         if not (self.base >= 0 and self.cap >= 0):  # NaN too
