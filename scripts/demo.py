@@ -254,7 +254,7 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
     applied = [line.split()[0] for line in ordered.splitlines() if " outcome=processed " in line]
     in_order = [m for m in applied if m in keyed] == keyed
     summary.append(
-        f"ordered: order-1's flaky first message was held {count(ordered, 'outcome=held ')} "
+        f"ordered: order-1's flaky first message was held {count(ordered, 'outcome=retried ')} "
         f"time(s) with its 2 followers behind it; order-1 applied in publish order: {in_order}; "
         f"{len(applied)} processed"
     )
