@@ -37,15 +37,13 @@ F      table               dict (keys str, or bytes when not UTF-8)
 V      void                None
 =====  ==================  =========================================================
 
-:func:`to_typed` / :func:`from_typed` give a JSON form that keeps every value and its tag, used
-by DLQ records (docs/dlq-record.md): ``{"S": "text"}``, ``{"I": 5}``, ``{"x": "<base64>"}``,
-``{"F": [["key", {...}], ...]}``. Limits, documented: a table with a key twice keeps the last
-value (as a dict must), and a boolean octet other than 0/1 comes back as 1.
+The JSON form that keeps every value and its tag (DLQ records) is
+:mod:`amqp_lab.typed_fields`. Limits, documented: a table with a key twice keeps the last value
+(as a dict must), and a boolean octet other than 0/1 comes back as 1.
 """
 
 from __future__ import annotations
 
-import base64
 import math
 import struct
 from datetime import UTC, datetime
@@ -53,20 +51,20 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = [
+    "INT_TAGS",
+    "MAX_DEPTH",
     "FieldTableError",
     "TaggedBytes",
     "TaggedFloat",
     "TaggedInt",
     "decode_table",
+    "default_int_tag",
     "encode_table",
-    "from_typed",
-    "table_from_typed",
+    "epoch_seconds",
     "tagged_int",
-    "to_typed",
-    "typed_table",
 ]
 
-_INTS: dict[bytes, tuple[str, int]] = {  # tag -> (struct format, size)
+INT_TAGS: dict[bytes, tuple[str, int]] = {  # tag -> (struct format, size)
     b"b": (">b", 1),
     b"B": (">B", 1),
     b"s": (">h", 2),
@@ -77,7 +75,8 @@ _INTS: dict[bytes, tuple[str, int]] = {  # tag -> (struct format, size)
     b"L": (">q", 8),
     b"T": (">Q", 8),
 }
-_MAX_DEPTH = 100  # nesting accepted on decode and encode; deeper is refused, never a crash
+MAX_DEPTH = 100
+"""Nesting accepted on decode and encode; deeper is refused, never a crash."""
 _PACK_I, _UNPACK_I = struct.Struct(">I").pack, struct.Struct(">I").unpack_from
 _PACK_i, _UNPACK_i = struct.Struct(">i").pack, struct.Struct(">i").unpack_from
 
@@ -95,7 +94,7 @@ class TaggedInt(int):
     tag: str
 
     def __new__(cls, value: int, tag: str) -> TaggedInt:
-        if tag.encode() not in _INTS:
+        if tag.encode() not in INT_TAGS:
             raise FieldTableError(f"{tag!r} is not an AMQP integer type")
         self = super().__new__(cls, value)
         self.tag = tag
@@ -136,8 +135,8 @@ def decode_table(encoded: bytes, offset: int = 0) -> tuple[dict[Any, Any], int]:
 
 
 def _decode_table(buf: bytes, offset: int, depth: int) -> tuple[dict[Any, Any], int]:
-    if depth > _MAX_DEPTH:
-        raise FieldTableError(f"field table nested deeper than {_MAX_DEPTH}")
+    if depth > MAX_DEPTH:
+        raise FieldTableError(f"field table nested deeper than {MAX_DEPTH}")
     (size,) = struct.unpack_from(">I", buf, offset)
     offset += 4
     end = offset + size
@@ -178,16 +177,8 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
             return TaggedBytes(data), offset + length
     if tag == b"I":
         return _UNPACK_i(buf, offset)[0], offset + 4
-    if tag in _INTS:
-        fmt, size = _INTS[tag]
-        (number,) = struct.unpack_from(fmt, buf, offset)
-        offset += size
-        if tag == b"T":
-            try:
-                return datetime.fromtimestamp(number, UTC), offset
-            except (OverflowError, OSError, ValueError):
-                return TaggedInt(number, "T"), offset
-        return tagged_int(number, tag.decode()), offset
+    if tag in INT_TAGS:
+        return _decode_int(tag, buf, offset)
     if tag == b"t":
         return buf[offset] != 0, offset + 1
     if tag == b"f":
@@ -207,23 +198,40 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
             raise FieldTableError("byte array cut short")
         return data, offset + length
     if tag == b"A":
-        if depth >= _MAX_DEPTH:
-            raise FieldTableError(f"field array nested deeper than {_MAX_DEPTH}")
-        (length,) = struct.unpack_from(">I", buf, offset)
-        offset += 4
-        end = offset + length
-        items = []
-        while offset < end:
-            item, offset = _decode_value(buf, offset, depth + 1)
-            items.append(item)
-        if offset != end:
-            raise FieldTableError("field array size does not match its contents")
-        return items, offset
+        return _decode_array(buf, offset, depth)
     if tag == b"F":
         return _decode_table(buf, offset, depth + 1)
     if tag == b"V":
         return None, offset
     raise FieldTableError(f"unknown field type {tag!r}")
+
+
+def _decode_int(tag: bytes, buf: bytes, offset: int) -> tuple[Any, int]:
+    """An integer type (``T`` too: an aware datetime, TaggedInt beyond datetime's range)."""
+    fmt, size = INT_TAGS[tag]
+    (number,) = struct.unpack_from(fmt, buf, offset)
+    offset += size
+    if tag == b"T":
+        try:
+            return datetime.fromtimestamp(number, UTC), offset
+        except (OverflowError, OSError, ValueError):
+            return TaggedInt(number, "T"), offset
+    return tagged_int(number, tag.decode()), offset
+
+
+def _decode_array(buf: bytes, offset: int, depth: int) -> tuple[list[Any], int]:
+    if depth >= MAX_DEPTH:
+        raise FieldTableError(f"field array nested deeper than {MAX_DEPTH}")
+    (length,) = struct.unpack_from(">I", buf, offset)
+    offset += 4
+    end = offset + length
+    items = []
+    while offset < end:
+        item, offset = _decode_value(buf, offset, depth + 1)
+        items.append(item)
+    if offset != end:
+        raise FieldTableError("field array size does not match its contents")
+    return items, offset
 
 
 # --- wire: encode --------------------------------------------------------------------------------
@@ -243,8 +251,8 @@ def encode_table(table: dict[Any, Any] | None, path: str = "headers") -> bytes:
 
 
 def _encode_table(out: bytearray, table: dict[Any, Any], path: str, depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise FieldTableError(f"{path}: nested deeper than {_MAX_DEPTH}")
+    if depth > MAX_DEPTH:
+        raise FieldTableError(f"{path}: nested deeper than {MAX_DEPTH}")
     start = len(out)
     out += b"\0\0\0\0"
     for key, value in table.items():
@@ -272,8 +280,8 @@ def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
     elif isinstance(value, bool):
         out += b"t\x01" if value else b"t\x00"
     elif isinstance(value, int):
-        tag = value.tag if isinstance(value, TaggedInt) else _default_int_tag(value)
-        fmt, _ = _INTS[tag.encode()]
+        tag = value.tag if isinstance(value, TaggedInt) else default_int_tag(value)
+        fmt, _ = INT_TAGS[tag.encode()]
         try:
             out += tag.encode() + struct.pack(fmt, value)
         except struct.error as e:
@@ -291,7 +299,7 @@ def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
     elif isinstance(value, Decimal):
         out += b"D" + _decimal(value, path)
     elif isinstance(value, datetime):
-        seconds = _epoch(value)
+        seconds = epoch_seconds(value)
         if seconds < 0:
             raise FieldTableError(f"{path}: timestamp {value} is before 1970")
         out += b"T" + struct.pack(">Q", seconds)
@@ -307,8 +315,8 @@ def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
         out += b"F"
         _encode_table(out, value, path, depth + 1)
     elif isinstance(value, list | tuple):
-        if depth >= _MAX_DEPTH:
-            raise FieldTableError(f"{path}: nested deeper than {_MAX_DEPTH}")
+        if depth >= MAX_DEPTH:
+            raise FieldTableError(f"{path}: nested deeper than {MAX_DEPTH}")
         out += b"A\0\0\0\0"
         start = len(out)
         for i, item in enumerate(value):
@@ -320,14 +328,14 @@ def _encode_value(out: bytearray, value: Any, path: str, depth: int) -> None:
         raise FieldTableError(f"{path}: {type(value).__name__} is not an AMQP field type")
 
 
-def _default_int_tag(value: int) -> str:
+def default_int_tag(value: int) -> str:
     """The tag a plain int travels as: ``I`` within signed 32 bits, else ``l`` (as pika)."""
     return "I" if -(2**31) <= value < 2**31 else "l"
 
 
 def tagged_int(value: int, tag: str) -> int:
     """A plain int when ``tag`` is the one it would travel as anyway, else a TaggedInt."""
-    return value if tag == _default_int_tag(value) else TaggedInt(value, tag)
+    return value if tag == default_int_tag(value) else TaggedInt(value, tag)
 
 
 def _decimal(value: Decimal, path: str) -> bytes:
@@ -346,113 +354,7 @@ def _decimal(value: Decimal, path: str) -> bytes:
     return struct.pack(">Bi", scale, unscaled)
 
 
-def _epoch(value: datetime) -> int:
+def epoch_seconds(value: datetime) -> int:
+    """Whole seconds since the epoch (a naive datetime taken as UTC), as ``T`` carries."""
     aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
     return math.floor(aware.timestamp())
-
-
-# --- typed JSON ---------------------------------------------------------------------------------
-def to_typed(value: Any) -> Any:
-    """A JSON-safe form of one field value that keeps its type and bytes (see the module doc).
-    Raises FieldTableError for a value AMQP cannot carry."""
-    return _to_typed(value, "value", 0)
-
-
-def _to_typed(value: Any, path: str, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        raise FieldTableError(f"{path}: nested deeper than {_MAX_DEPTH}")
-    if isinstance(value, bool):
-        return {"t": value}
-    if isinstance(value, int):
-        tag = value.tag if isinstance(value, TaggedInt) else _default_int_tag(value)
-        return {tag: int(value)}
-    if isinstance(value, float):
-        tag = "f" if isinstance(value, TaggedFloat) else "d"
-        if math.isfinite(value):
-            return {tag: float(value)}
-        # NaN and infinities as their IEEE bits: JSON has no such numbers, and a NaN's sign
-        # and payload would be lost in a name
-        return {tag: "0x" + struct.pack(">f" if tag == "f" else ">d", value).hex()}
-    if isinstance(value, Decimal):
-        return {"D": str(value)}
-    if isinstance(value, datetime):
-        return {"T": _epoch(value)}
-    if isinstance(value, TaggedBytes):
-        return {"Sb": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, str):
-        return {"S": value}
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"x": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, dict):
-        return {"F": typed_table(value, path, depth + 1)}
-    if isinstance(value, list | tuple):
-        return {"A": [_to_typed(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
-    if value is None:
-        return {"V": None}
-    raise FieldTableError(f"{path}: {type(value).__name__} is not an AMQP field type")
-
-
-def typed_table(table: dict[Any, Any], path: str = "headers", depth: int = 0) -> list[Any]:
-    """A table as ``[[key, typed value], ...]`` in wire order; a key that is not UTF-8 is
-    ``{"x": "<base64>"}``."""
-    return [
-        [
-            key if isinstance(key, str) else {"x": base64.b64encode(key).decode("ascii")},
-            _to_typed(value, f"{path}[{key!r}]", depth),
-        ]
-        for key, value in table.items()
-    ]
-
-
-def table_from_typed(pairs: list[Any]) -> dict[Any, Any]:
-    """Inverse of :func:`typed_table`. Raises FieldTableError for a malformed form."""
-    table: dict[Any, Any] = {}
-    try:
-        for key, typed in pairs:
-            real_key = key if isinstance(key, str) else base64.b64decode(key["x"], validate=True)
-            table[real_key] = from_typed(typed)
-    except (TypeError, ValueError, KeyError) as e:
-        raise FieldTableError(f"malformed typed table: {e}") from e
-    return table
-
-
-def from_typed(typed: Any) -> Any:
-    """Inverse of :func:`to_typed`. Raises FieldTableError for a malformed form."""
-    try:
-        ((tag, value),) = typed.items()
-    except (AttributeError, ValueError) as e:
-        raise FieldTableError(f"malformed typed value {typed!r:.80}") from e
-    try:
-        if tag == "t":
-            return bool(value)
-        if tag == "T":
-            try:
-                return datetime.fromtimestamp(int(value), UTC)
-            except (OverflowError, OSError, ValueError):
-                return TaggedInt(int(value), "T")
-        if tag.encode() in _INTS:
-            return tagged_int(int(value), tag)
-        if tag in ("f", "d"):
-            if isinstance(value, str):
-                bits = bytes.fromhex(value.removeprefix("0x"))
-                number = struct.unpack(">f" if tag == "f" else ">d", bits)[0]
-            else:
-                number = float(value)
-            return TaggedFloat(number) if tag == "f" else number
-        if tag == "D":
-            return Decimal(value)
-        if tag == "S":
-            return str(value)
-        if tag == "Sb":
-            return TaggedBytes(base64.b64decode(value, validate=True))
-        if tag == "x":
-            return base64.b64decode(value, validate=True)
-        if tag == "F":
-            return table_from_typed(value)
-        if tag == "A":
-            return [from_typed(v) for v in value]
-        if tag == "V":
-            return None
-    except (TypeError, ValueError, InvalidOperation) as e:
-        raise FieldTableError(f"malformed typed value {typed!r:.80}: {e}") from e
-    raise FieldTableError(f"unknown typed tag {tag!r}")

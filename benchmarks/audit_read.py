@@ -8,7 +8,6 @@ tracking on (a JSON store write every --store-every entries), print msgs/s, dele
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -20,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pika
 
 from amqp_lab.audit import OffsetStore, StreamEntry, StreamReader
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.connection import open_channel
 from amqp_lab.settings import BrokerSettings
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--prefetch", type=int, default=500)
     parser.add_argument("--store-every", type=int, default=500)

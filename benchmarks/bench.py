@@ -9,7 +9,7 @@ another process, and peak RSS. Uses its own queue in EAI_AMQP_URL's vhost and de
 
 The bench queue is declared like the work queue q:tasks is configured, its policy given as
 declare arguments (a policy would need the management API): ``--queue-type classic`` (the
-default), durable with the queue-mode of q:tasks' policy in amqp_lab/topology/definitions.json
+default), durable with the queue-mode of q:tasks' policy in topology/definitions.json
 (lazy); ``--queue-type quorum``, ``x-queue-type: quorum`` with the dead-letter strategy,
 overflow and delivery limit of the quorum topology's policy, and no ``x-queue-mode``, which a
 quorum queue refuses (406 PRECONDITION_FAILED "invalid arg 'x-queue-mode'", seen on 4.3.6).
@@ -55,13 +55,14 @@ import pika
 from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import QUEUE_TYPES, Names, QueueType, load_topology, with_queue_type
@@ -457,7 +458,7 @@ def repetition(
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--window", type=int, default=10000, help="unconfirmed in flight")

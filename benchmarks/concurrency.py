@@ -53,6 +53,7 @@ import psycopg
 from psycopg import sql
 
 from amqp_lab.cli.common import EXIT_FAILED, EXIT_OK, run, settings_from_env
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
@@ -482,7 +483,7 @@ def print_table(summary: dict[str, Any]) -> None:
 
 def main() -> int:
     """The bench (or, with --worker, one of its consumer processes)."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = CommandParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--messages", type=int, default=240, help="per case (default 240)")
     parser.add_argument(
         "--handler-seconds", type=float, default=0.2, help="the handler's sleep (default 0.2)"

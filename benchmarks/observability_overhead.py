@@ -9,7 +9,6 @@ the consumer's own cost per delivery in docs/benchmarks.md (hundreds of microsec
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -20,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client import CollectorRegistry
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.observability.logs import json_line, report_event
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.observability.tracing import (
     end_process_span,
     start_process_span,
@@ -58,7 +58,7 @@ def traced() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20000, help="deliveries per run")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()

@@ -50,14 +50,15 @@ import pika.spec
 from prometheus_client import CollectorRegistry
 
 from amqp_lab.cli.common import EXIT_OK, run
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.config import ConsumerConfig
 from amqp_lab.consuming.delivery import Delivery, prepare
 from amqp_lab.consuming.engine import ConsumerEngine, EngineConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler
 from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import OutgoingMessage
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.observability.tracing import end_process_span, start_process_span
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import Names
@@ -193,7 +194,7 @@ def noop(db: Any) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)

@@ -128,7 +128,7 @@ class OrderedChaosRun(ChaosRun):
             worker_closes=self.closer.closed["worker"],
             publisher_closes=self.closer.closed["publisher"],
             transient_failures_injected=injected,
-            held_retries=counts["outcome:held"],
+            held_retries=counts["outcome:retried"],  # in the worker: outcome retried
             publish_retries=self.publisher.attempts - self.publisher.sent,
             publish_failed=len(self.publisher.failed),
             duplicates_skipped=counts["outcome:duplicate"],

@@ -25,7 +25,7 @@ from amqp_lab.topology import load_topology
 
 KINDS = ("ok", "bad", "invalid", "flaky", "slow", "crash")
 CRASH_EXIT_CODE = 70
-_NAMES = load_topology().names  # the lab topology: amqp_lab/topology/definitions.json
+_NAMES = load_topology().names  # the lab topology: topology/definitions.json
 EXCHANGE, ROUTING_KEY = _NAMES.exchange, _NAMES.routing_key
 
 

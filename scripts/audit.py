@@ -27,10 +27,11 @@ from amqp_lab.audit import (
     StreamReader,
     parse_start,
 )
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import ConfigurationError, QueueNotFound
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.management import ManagementClient
 from amqp_lab.oneline import one_line
+from amqp_lab.typed_fields import typed_table
 
 
 def preview(body: bytes, width: int = 60) -> str:
@@ -151,7 +152,7 @@ def info(stream: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--stream", default=None, help="default: the topology's audit queue")
     sub = parser.add_subparsers(dest="command", required=True)

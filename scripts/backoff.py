@@ -15,6 +15,7 @@ import random
 
 from _cli import EXIT_OK, run
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.retry.policy import capped, full_jitter
 
 
@@ -31,7 +32,7 @@ def attempt_range(text: str) -> range:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=float, default=1.0, help="seconds")
     parser.add_argument("--cap", type=float, default=None, help="seconds (default: no cap)")
     group = parser.add_mutually_exclusive_group()

@@ -11,16 +11,15 @@ and survives ``restart``.
 
 from __future__ import annotations
 
-import argparse
-
 from _cli import EXIT_FAILED, EXIT_OK, run
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.settings import BrokerSettings
 from lab.local_broker import LocalBroker
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "command", choices=["start", "stop", "restart", "kill", "status", "url", "env"]
     )

@@ -51,6 +51,7 @@ from typing import Any
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.dedup import ManagedDedupStore, open_store
 from amqp_lab.dlq.ops import depth
@@ -77,7 +78,7 @@ def queue_depth(settings: BrokerSettings) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000, metavar="N")
     parser.add_argument("--kills", type=int, default=5, metavar="F", help="SIGKILL + restart")
     parser.add_argument("--workers", type=int, default=3, metavar="K")

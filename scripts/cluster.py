@@ -18,19 +18,19 @@ comma-separated list form (use: eval "$(python scripts/cluster.py env)").
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 from _cli import EXIT_FAILED, EXIT_OK, run
 
+from amqp_lab.cli.parser import CommandParser
 from lab.cluster import DEFAULT_IMAGE, DEFAULT_NAME, PARTITION_TIMERS, Cluster
 
 NODE_COMMANDS = ("kill", "restart", "disconnect", "reconnect", "pause", "unpause")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "command", choices=["start", "stop", "status", "env", "heal", *NODE_COMMANDS]
     )

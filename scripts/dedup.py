@@ -12,11 +12,11 @@ arriving later would be applied twice.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from _cli import EXIT_OK, ROOT, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.dedup import open_store
 from amqp_lab.dedup.retention import (
@@ -38,7 +38,7 @@ def longest_policy(topology: Topology) -> RetryPolicy:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     purge = commands.add_parser("purge", help="delete records older than --older-than-days")
     purge.add_argument("--older-than-days", type=float, default=DEFAULT_RETENTION / DAY)

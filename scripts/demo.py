@@ -9,7 +9,6 @@ it (``python scripts/broker.py stop``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import httpx
 from _cli import EXIT_FAILED, EXIT_OK, ROOT, run
 from prometheus_client.parser import text_string_to_metric_families
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import AmqpLabError
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings, mask_url
@@ -163,7 +163,7 @@ def say_broker_left_running(node: LocalBroker, how: str) -> None:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    CommandParser(description=__doc__.splitlines()[0]).parse_args()
     node = None if os.environ.get("EAI_AMQP_URL") else LocalBroker()
     left_running: list[str] = []  # how the dedicated node came to run, once it does
     try:
@@ -218,7 +218,7 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
     )
     outcomes = {
         o: count(worker, f"outcome={o} ")
-        for o in ("processed", "duplicate", "requeued", "dead-lettered")
+        for o in ("processed", "duplicate", "requeued", "retried", "dead-lettered")
     }
     summary.append("worker: " + ", ".join(f"{k}={v}" for k, v in outcomes.items()))
 
@@ -254,7 +254,7 @@ def demo(node: LocalBroker | None, left_running: list[str]) -> int:
     applied = [line.split()[0] for line in ordered.splitlines() if " outcome=processed " in line]
     in_order = [m for m in applied if m in keyed] == keyed
     summary.append(
-        f"ordered: order-1's flaky first message was held {count(ordered, 'outcome=held ')} "
+        f"ordered: order-1's flaky first message was held {count(ordered, 'outcome=retried ')} "
         f"time(s) with its 2 followers behind it; order-1 applied in publish order: {in_order}; "
         f"{len(applied)} processed"
     )

@@ -1,83 +1,12 @@
 #!/usr/bin/env python3
-"""List the DLQ (the topology's; default q:tasks:dlq) without consuming it: a table, --json
-(one object per line), or --summary (depth, age of the oldest record, counts by error type).
-
---alert-depth N and --alert-age SECONDS each exit 2 with one alert line when exceeded.
-"""
+"""List the DLQ without consuming it: a table, --json or --summary, and the --alert-depth /
+--alert-age checks. See amqp_lab.cli.dlq (installed as amqp-lab-dlq); --help lists every option."""
 
 from __future__ import annotations
 
-import argparse
-import json
-from datetime import UTC, datetime
+from _cli import run
 
-from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
-
-from amqp_lab.cli.progress import Progress
-from amqp_lab.dlq.ops import browse, depth
-from amqp_lab.dlq.view import summarize
-from amqp_lab.oneline import one_line
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_topology_option(parser)
-    parser.add_argument("--queue", default=None, help="the DLQ to list (default: the topology's)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--summary", action="store_true")
-    parser.add_argument("--alert-depth", type=int, default=None, metavar="N")
-    parser.add_argument(
-        "--alert-age",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="alert when the oldest record failed longer ago than this",
-    )
-    parser.add_argument("--limit", type=int, default=None, help="list at most N records")
-    args = parser.parse_args()
-    if args.queue is None:
-        args.queue = topology_from(args).names.dlq
-    settings = settings_from_env("amqp-lab dlq")
-    where = f"DLQ {args.queue} in vhost {settings.vhost!r}"
-    if args.alert_depth is not None or args.alert_age is not None:
-        alerts: list[str] = []
-        count = depth(settings, args.queue)
-        if args.alert_depth is not None and count > args.alert_depth:
-            alerts.append(f"holds {count} messages (threshold {args.alert_depth})")
-        if args.alert_age is not None and count:
-            oldest = summarize(browse(settings, args.queue), datetime.now(UTC)).oldest_age
-            if oldest is not None and oldest > args.alert_age:
-                alerts.append(f"oldest record is {oldest:.0f}s old (threshold {args.alert_age:g}s)")
-        if alerts:
-            print(f"ALERT: {where} " + "; ".join(alerts))
-            return EXIT_ALERT
-        print(f"ok: {where} holds {count} messages")
-        return EXIT_OK
-    with Progress("DLQ records read", total=args.limit) as progress:
-        entries = browse(settings, args.queue, args.limit, on_progress=progress.update)
-    if args.summary:
-        summary = summarize(entries, datetime.now(UTC))
-        age = "-" if summary.oldest_age is None else f"{summary.oldest_age:.0f}s"
-        print(f"{where}: depth={summary.depth} oldest_age={age}")
-        for error_type, n in summary.by_error_type:
-            print(f"  {n:>6}  {one_line(error_type)}")
-        return EXIT_OK
-    if args.json:
-        for entry in entries:
-            print(json.dumps(entry.as_dict(), sort_keys=True, default=str, allow_nan=False))
-        return EXIT_OK
-    print(f"{'message_id':38} {'attempts':>8} {'class':10} {'error':44} first_seen_at")
-    for e in entries:  # one line each, whatever the message carried (control characters)
-        error = one_line(f"{e.error_type}: {e.error_message}")
-        attempts = "-" if e.attempts is None else str(e.attempts)
-        print(
-            f"{one_line(e.message_id or '-')[:38]:38} {attempts:>8} "
-            f"{one_line(e.classification)[:10]:10} {error[:44]:44} "
-            f"{one_line(e.first_seen_at or '-')}"
-        )
-    print(f"{len(entries)} message(s) in {args.queue}")
-    return EXIT_OK
-
+from amqp_lab.cli.dlq import main
 
 if __name__ == "__main__":
     run(main)

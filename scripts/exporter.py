@@ -2,7 +2,7 @@
 """Serve the queue-side Prometheus metrics (queue depth, consumers, DLQ age, probe success).
 
 Work queue and DLQ depth, consumers, the DLQ's oldest record age and probe success
-(amqp_lab.observability.queues; docs/operating.md).
+(amqp_lab.exporters.queues; docs/operating.md).
 
     python scripts/exporter.py [--port 9419] [--host 127.0.0.1] [--topology FILE]
                                [--ordered SHARDS] [--timeout S]
@@ -14,23 +14,24 @@ port, named there); it runs until SIGINT or SIGTERM, then exits 0.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
 from types import FrameType
 
 from _cli import EXIT_OK, add_topology_option, run, settings_from_env, topology_from
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import ConfigurationError
-from amqp_lab.observability.queues import DEFAULT_TIMEOUT, QueueCollector
+from amqp_lab.exporters.queues import DEFAULT_TIMEOUT, QueueCollector
+from amqp_lab.exporters.server import serve_metrics
 
 DEFAULT_PORT = 9419
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -56,7 +57,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+        server, thread = serve_metrics(args.port, args.host, registry)
     except OSError as e:
         raise ConfigurationError(f"cannot serve metrics on {args.host}:{args.port}: {e}") from e
     print(

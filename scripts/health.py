@@ -8,15 +8,14 @@ Exit 0 and an ``ok:`` line when healthy; 2 with one ``ALERT:`` line per problem 
 
 from __future__ import annotations
 
-import argparse
-
 from _cli import EXIT_ALERT, EXIT_OK, add_topology_option, run, settings_from_env, topology_from
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.health import health_problems, queue_health
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--queue", default=None, help="the work queue (default: the topology's)")
     parser.add_argument("--min-consumers", type=int, default=1, metavar="N")

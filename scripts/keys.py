@@ -29,6 +29,7 @@ from _cli import (
     topology_from,
 )
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.dedup import open_store
 from amqp_lab.dedup.identity import check_vhost
@@ -191,7 +192,7 @@ def parked_command(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help="the distribution report (exit 2 on a warning)")
     add_topology_option(report)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from _cli import EXIT_OK, ROOT, run, settings_from_env
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
@@ -39,7 +40,7 @@ SAFE = ("lmove", "xstream", "manual", "dedup", "stream")
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000, metavar="N")
     parser.add_argument("--kills", type=int, default=5, metavar="F")
     parser.add_argument("--seed", type=int, default=1)

@@ -9,7 +9,6 @@ Exit 0 only if every message was confirmed; 3 if any was unroutable; 1 otherwise
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -25,9 +24,11 @@ from _cli import (
     topology_from,
 )
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import AmqpLabError, ConfigurationError, MessageNacked, MessageUnroutable
+from amqp_lab.exporters.metrics import PublisherMetrics
+from amqp_lab.exporters.server import serve_metrics
 from amqp_lab.message import ATTEMPTS_HEADER, KEY_HEADER, decode_json, encode_json, message_for
-from amqp_lab.observability.metrics import PublisherMetrics, serve_metrics
 from amqp_lab.oneline import one_line
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from lab.handler import KINDS, task_message
@@ -50,7 +51,7 @@ def undecodable_byte(value: str | None) -> int | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     add_topology_option(parser)
     parser.add_argument("--kind", choices=KINDS, default="ok", help="a lab task of this kind")
     parser.add_argument(

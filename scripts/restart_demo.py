@@ -9,12 +9,12 @@ if its service is running). With only a URL and no way to restart, it says so an
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 
 from _cli import EXIT_CANNOT_RESTART, EXIT_OK, ROOT, run, settings_from_env
 
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.settings import BrokerSettings
 from lab.durability import run_restart_demo
 from lab.local_broker import LocalBroker, LocalBrokerError
@@ -34,7 +34,7 @@ def compose_running() -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=10)
     parser.add_argument("--broker", choices=["auto", "local", "compose"], default="auto")
     args = parser.parse_args()

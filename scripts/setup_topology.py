@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Apply a topology (default: the packaged amqp_lab/topology/definitions.json) to the vhost of
+"""Apply a topology (default: topology/definitions.json, packaged with amqp_lab) to the vhost of
 EAI_AMQP_URL, idempotently, or --verify it; see amqp_lab.cli.topology."""
 
 from __future__ import annotations

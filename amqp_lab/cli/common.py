@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -46,6 +47,7 @@ __all__ = [
     "add_queue_type_option",
     "add_topology_option",
     "load_callable",
+    "require_extra",
     "run",
     "settings_from_env",
     "topology_from",
@@ -114,7 +116,7 @@ def _error_line(text: str) -> None:
         print(f"error: {one_line(text)}", file=sys.stderr)
 
 
-def add_topology_option(parser: argparse.ArgumentParser) -> None:
+def add_topology_option(parser: argparse._ActionsContainer) -> None:
     """``--topology FILE``: the definitions file whose ``amqp_lab`` section names every queue
     and exchange the command uses (default: the topology amqp-lab ships)."""
     parser.add_argument(
@@ -209,6 +211,21 @@ def topology_from(args: argparse.Namespace) -> Topology:
             max_segment_size_bytes=args.audit_segment_bytes,
         )
     return topology
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Raise ConfigurationError - one line naming the extra to install - when ``module`` (the
+    extra's package, e.g. ``flask`` for the ``console`` extra) cannot be imported, so that
+    ``what`` needs it: ``pip install 'amqp-lab[EXTRA]'``."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigurationError(
+            f"{what} needs the {extra} extra ({module} is not installed): "
+            f"pip install 'amqp-lab[{extra}]'"
+        )
 
 
 def load_callable(spec: str) -> Any:

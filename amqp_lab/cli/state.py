@@ -1,5 +1,6 @@
-"""Where the command line keeps state per broker and vhost by default: the SQLite dedup store
-(``worker.py``, ``dedup.py``, ``keys.py parked``).
+"""Where the command line keeps state by default: the SQLite dedup store per broker and vhost
+(``worker.py``, ``dedup.py``, ``keys.py parked``), and the DLQ audit log
+(:func:`default_audit_log`: ``amqp-lab-replay`` and the DLQ console).
 
 The file is ``<state_dir>/dedup-<state key>.sqlite3`` (:func:`amqp_lab.state_key.state_key`:
 a readable slug and a hash of the exact broker identity and vhost), so vhosts ``a/b`` and
@@ -13,11 +14,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from amqp_lab.dlq.audit_log import DEFAULT_AUDIT_LOG
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.state_key import legacy_state_key, state_key
 
-__all__ = ["default_dedup_path", "legacy_dedup_path"]
+__all__ = ["STATE_DIR", "default_audit_log", "default_dedup_path", "legacy_dedup_path"]
+
+STATE_DIR = Path(".state")
+"""The state directory, relative to the current directory: beside the app that runs the
+command (the installed commands' default; the repository's scripts pass the checkout's)."""
+
+
+def default_audit_log(state_dir: Path = STATE_DIR) -> Path:
+    """The DLQ audit log's default path: ``<state_dir>/replay-audit.jsonl``
+    (:data:`~amqp_lab.dlq.audit_log.DEFAULT_AUDIT_LOG`), ``state_dir`` relative to the
+    current directory unless absolute - wherever the package is installed."""
+    return state_dir / DEFAULT_AUDIT_LOG.name
 
 
 def legacy_dedup_path(settings: BrokerSettings, state_dir: Path) -> Path:

@@ -5,8 +5,6 @@ Exit 0: applied (or in sync); 1: an error (one line on stderr); 2: --verify foun
 
 from __future__ import annotations
 
-import argparse
-
 from amqp_lab.cli.common import (
     EXIT_ALERT,
     EXIT_OK,
@@ -17,6 +15,7 @@ from amqp_lab.cli.common import (
     settings_from_env,
     topology_from,
 )
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.topology import Topology, apply_topology, is_stream, queue_type_of, verify_topology
 
 __all__ = ["entry", "main"]
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     """The topology command (exit code returned): apply the ``--topology`` file's exchanges,
     queues, bindings and policies through the management API, or compare them (``--verify``).
     Raises AmqpLabError subclasses (ManagementError, TopologyError...) for :func:`run`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verify", action="store_true", help="compare live vhost with the data")
     add_topology_option(parser)
     add_queue_type_option(parser)

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.dlq.record import utc_iso
-from amqp_lab.dlq.view import DlqEntry, parse_time
+from amqp_lab.dlq.summary import parse_time
+from amqp_lab.dlq.view import DlqEntry
 from amqp_lab.errors import (
     AccessRefused,
     AmqpLabError,
@@ -25,8 +26,8 @@ from amqp_lab.errors import (
     NotFound,
     VhostAccessDenied,
 )
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.settings import mask_url
+from amqp_lab.typed_fields import typed_table
 
 __all__ = [
     "MAX_PAYLOAD_CHARS",

@@ -53,11 +53,13 @@ class ConsumerBounds:
     max_message_size: int | None = None
 
     def check_bounds(self) -> None:
-        """Raise ConfigurationError for a count below 1."""
+        """Raise ConfigurationError for a count below 1 or a negative duration."""
         if min(self.max_redeliveries, self.reconnect_attempts, self.dead_letter_attempts) < 1:
             raise ConfigurationError(
                 "max_redeliveries, reconnect_attempts and dead_letter_attempts must be >= 1"
             )
+        if not self.store_outage >= 0:
+            raise ConfigurationError(f"store_outage must be >= 0 seconds, not {self.store_outage}")
 
     def engine_config(
         self, dlx: str, expectations: RetryExpectations, handler_threads: int = 1
@@ -139,6 +141,8 @@ class ConsumerConfig(ConsumerBounds):
         self.check_bounds()
         if self.concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1")
+        if not (self.queue_wait >= 0 and self.resubscribe_wait >= 0):
+            raise ConfigurationError("queue_wait and resubscribe_wait must be >= 0 seconds")
         if self.handler_warn_after is not None and not self.handler_warn_after > 0:
             raise ConfigurationError(
                 f"handler_warn_after must be > 0 seconds (or None), not {self.handler_warn_after}"

@@ -23,9 +23,11 @@ __all__ = ["Delivery", "DeliveryReport", "prepare"]
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReport:
-    """One delivery's outcome: processed | duplicate | requeued | dead-lettered | parked
-    (the DLQ could not take it; it was left unacked, back in the queue when the worker
-    stops). ``wait``: seconds in the wait queue (backoff mode); ``classification``: of a
+    """One delivery's outcome, the metrics' names too (:mod:`amqp_lab.observability.outcomes`):
+    processed | duplicate | requeued (basic.reject requeue) | retried (a retry copy in a wait
+    queue, or held in the ordered worker) | dead-lettered | parked (the DLQ could not take it;
+    it was left unacked, back in the queue when the worker stops). ``wait``: seconds until the
+    retry (outcome retried); ``classification``: of a
     failure (business, transient, unknown, poison); ``error_type``: the exception's class name;
     ``handler_seconds``: the handler's run time (None: it did not run); ``trace_id``: the W3C
     trace id the message carried (``traceparent``), None without one."""

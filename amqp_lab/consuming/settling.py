@@ -218,7 +218,7 @@ class Settler:
             d.notes.append(str(e))
             return None
         self.settle(channel, lambda: channel.basic_ack(d.delivery_tag), d)
-        return d.report("requeued", settlement.attempts, wait, kind)
+        return d.report("retried", settlement.attempts, wait, kind)
 
     def _park(self, d: Delivery, error: DeadLetterFailed) -> None:
         """Leave a delivery the DLQ would not take unacked: the rest of the queue goes on, and

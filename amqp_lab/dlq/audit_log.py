@@ -1,7 +1,8 @@
 """The DLQ audit log: one JSON line per message a person replayed or deleted.
 
 ``scripts/replay.py`` and the DLQ console (docs/console.md) write the same lines to the same
-file (by default ``.state/replay-audit.jsonl`` in the checkout), appended and flushed one at a
+file (``--audit-log PATH``; by default ``.state/replay-audit.jsonl`` in the current directory,
+beside the app: :func:`amqp_lab.cli.state.default_audit_log`), appended and flushed one at a
 time, so the file says who did what to which message even when a run is cut short::
 
     {"at": "2026-12-01T09:12:00.123Z", "vhost": "/", "queue": "q:tasks:dlq",
@@ -30,7 +31,8 @@ from amqp_lab.dlq.view import DlqEntry
 __all__ = ["DEFAULT_AUDIT_LOG", "AuditLog", "audit_line"]
 
 DEFAULT_AUDIT_LOG = PurePath(".state", "replay-audit.jsonl")
-"""Where the command line writes the audit log, relative to the checkout."""
+"""Where the command line writes the audit log by default, relative to the current directory
+(``--audit-log`` names another file)."""
 
 
 def audit_line(

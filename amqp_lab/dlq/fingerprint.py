@@ -20,7 +20,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from amqp_lab.dlq.view import DlqEntry, parse_time
+from amqp_lab.dlq.summary import parse_time
+from amqp_lab.dlq.view import DlqEntry
 
 __all__ = [
     "FINGERPRINT_CHARS",

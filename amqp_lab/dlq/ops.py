@@ -148,20 +148,11 @@ def replay(
     whose wait is more than half of ``max_hold`` raises ConfigurationError (a record would stay
     unacked through it).
 
-    Each replay is a ``replay <queue>`` span in the trace the record's headers carry, linked to
-    it; the republished message carries that span's context, so the replayed run joins the
-    original trace (:func:`amqp_lab.observability.tracing.replay_span`). Raises NotFound when
-    ``queue`` is missing, ReplayStopped, ConnectionLost or a ChannelError when the pass stops
-    early (what was replayed stays replayed, the rest is in the DLQ)."""
-    results: list[ReplayResult] = []
-    interval = 1.0 / rate if rate else 0.0
-    if interval > max_hold / 2:
-        raise ConfigurationError(
-            f"a rate of {rate:g}/s waits {interval:g} s between replays, more than half the "
-            f"{max_hold:g} s a record may stay unacked: use at least {2 / max_hold:g}/s, or "
-            "replay a few at a time (--limit) from a timer"
-        )
-    state = {"replayed": 0, "failed": 0}
+    Each replay is a ``replay <queue>`` span in the record's trace, whose context the replayed
+    message carries (:func:`amqp_lab.observability.tracing.replay_span`). Raises NotFound
+    (no ``queue``), ReplayStopped, ConnectionLost or a ChannelError when the pass stops early
+    (what was replayed stays replayed, the rest is in the DLQ)."""
+    interval = _interval(rate, max_hold)
     dlq_pass = DlqPass(
         settings,
         queue,
@@ -171,49 +162,91 @@ def replay(
         clock=clock,
         on_progress=on_progress,
     )
-
-    def report(result: ReplayResult) -> Action:
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
-        return "keep"
-
-    def act(channel: Any, item: Held, deadline: float) -> Action:
-        entry = item.entry
-        if not select(entry):
-            return "keep"
-        if in_order and state["failed"]:
-            why = "not replayed: an earlier selected record failed (its order is kept)"
-            return report(ReplayResult(entry, "failed", why))
-        if not entry.message_id:
-            # our publisher and dedup both need an id: this one stays in the DLQ
-            return report(ReplayResult(entry, "failed", "no message_id: cannot be replayed"))
-        if dry_run:
-            return report(ReplayResult(entry, "would-replay"))
-        if interval and state["replayed"]:
-            sleep(interval)  # within the window: window_for_rate left room for it
-        try:
-            with replay_span(queue, entry.headers, entry.message_id):
-                publisher.publish(replay_message(entry, exchange))
-        except AmqpLabError as e:
-            state["failed"] += 1
-            return report(ReplayResult(entry, "failed", str(e)))
-        try:
-            channel.basic_ack(item.delivery_tag)
-        except pe.AMQPError as e:  # the copy went out: say so (and audit it), then stop
-            report(ReplayResult(entry, "replayed", f"its DLQ record stays, the ack was lost: {e}"))
-            raise
-        state["replayed"] += 1
-        report(ReplayResult(entry, "replayed"))
-        return "done"
-
+    replayer = _Replayer(select, queue, dry_run, exchange, interval, in_order, on_result, sleep)
     try:
-        with Publisher(settings) as publisher:
-            dlq_pass.run(act, lambda: limit is not None and len(results) >= limit)
+        with Publisher(settings) as replayer.publisher:
+            dlq_pass.run(replayer.act, lambda: limit is not None and len(replayer.results) >= limit)
     finally:
         if on_pass is not None:
             on_pass(dlq_pass.report)
-    return results
+    return replayer.results
+
+
+def _interval(rate: float | None, max_hold: float) -> float:
+    """Seconds between replays at ``rate`` per second (0: no limit). Raises
+    ConfigurationError when a record would stay unacked through more than half ``max_hold``."""
+    interval = 1.0 / rate if rate else 0.0
+    if interval > max_hold / 2:
+        raise ConfigurationError(
+            f"a rate of {rate:g}/s waits {interval:g} s between replays, more than half the "
+            f"{max_hold:g} s a record may stay unacked: use at least {2 / max_hold:g}/s, or "
+            "replay a few at a time (--limit) from a timer"
+        )
+    return interval
+
+
+class _Replayer:
+    """What :func:`replay` does with each record its pass holds (``act``), and its results."""
+
+    publisher: Publisher
+
+    def __init__(
+        self,
+        select: Callable[[DlqEntry], bool],
+        queue: str,
+        dry_run: bool,
+        exchange: str | None,
+        interval: float,
+        in_order: bool,
+        on_result: Callable[[ReplayResult], None] | None,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.select, self.queue, self.dry_run, self.exchange = select, queue, dry_run, exchange
+        self.interval, self.in_order, self.on_result, self.sleep = (
+            interval,
+            in_order,
+            on_result,
+            sleep,
+        )
+        self.results: list[ReplayResult] = []
+        self.replayed = self.failed = 0
+
+    def report(self, result: ReplayResult) -> Action:
+        self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+        return "keep"
+
+    def act(self, channel: Any, item: Held, deadline: float) -> Action:
+        """Replay ``item`` if selected: publish (confirmed), then ack its DLQ copy."""
+        entry = item.entry
+        if not self.select(entry):
+            return "keep"
+        if self.in_order and self.failed:
+            why = "not replayed: an earlier selected record failed (its order is kept)"
+            return self.report(ReplayResult(entry, "failed", why))
+        if not entry.message_id:
+            # our publisher and dedup both need an id: this one stays in the DLQ
+            return self.report(ReplayResult(entry, "failed", "no message_id: cannot be replayed"))
+        if self.dry_run:
+            return self.report(ReplayResult(entry, "would-replay"))
+        if self.interval and self.replayed:
+            self.sleep(self.interval)  # within the window: window_for_rate left room for it
+        try:
+            with replay_span(self.queue, entry.headers, entry.message_id):
+                self.publisher.publish(replay_message(entry, self.exchange))
+        except AmqpLabError as e:
+            self.failed += 1
+            return self.report(ReplayResult(entry, "failed", str(e)))
+        try:
+            channel.basic_ack(item.delivery_tag)
+        except pe.AMQPError as e:  # the copy went out: say so (and audit it), then stop
+            lost = f"its DLQ record stays, the ack was lost: {e}"
+            self.report(ReplayResult(entry, "replayed", lost))
+            raise
+        self.replayed += 1
+        self.report(ReplayResult(entry, "replayed"))
+        return "done"
 
 
 @dataclass(frozen=True)
@@ -247,44 +280,64 @@ def delete(
     when the pass stops early: the window's acks sent but not known to be processed are then
     reported first, status ``unconfirmed`` (deleted or back in the DLQ: list it to know), and
     everything unacked is back in the queue."""
-    results: list[DeleteResult] = []
-    pending: list[DeleteResult] = []
-
-    def act(channel: Any, item: Held, deadline: float) -> Action:
-        if not select(item.entry):
-            return "keep"
-        if dry_run:
-            results.append(DeleteResult(item.entry, "would-delete"))
-            return "keep"
-        channel.basic_ack(item.delivery_tag)
-        pending.append(DeleteResult(item.entry, "deleted"))
-        return "done"
-
-    def confirmed() -> None:
-        results.extend(pending)
-        if on_result is not None:
-            for result in pending:
-                on_result(result)
-        pending.clear()
-
+    deleter = _Deleter(select, dry_run, on_result)
     dlq_pass = DlqPass(settings, queue, window=window, max_hold=max_hold, may_move=not dry_run)
     dlq_pass.on_progress = on_progress
     try:
-        dlq_pass.run(
-            act, lambda: limit is not None and len(results) + len(pending) >= limit, confirmed
-        )
-        confirmed()  # a pass that ended in its first window: its last call was synchronous
+        enough = lambda: limit is not None and deleter.count() >= limit  # noqa: E731
+        dlq_pass.run(deleter.act, enough, deleter.confirmed)
+        deleter.confirmed()  # a pass that ended in its first window: its last call was synchronous
     except AmqpLabError as e:
-        for result in pending:
-            unsure = DeleteResult(result.entry, "unconfirmed", f"ack sent, then: {e}")
-            results.append(unsure)
-            if on_result is not None:
-                on_result(unsure)
+        deleter.unsure(e)
         raise
     finally:
         if on_pass is not None:
             on_pass(dlq_pass.report)
     if dry_run and on_result is not None:
-        for result in results:
+        for result in deleter.results:
             on_result(result)
-    return results
+    return deleter.results
+
+
+class _Deleter:
+    """What :func:`delete` does with each record its pass holds (``act``): an ack, reported
+    once the broker is known to have processed it (``confirmed``)."""
+
+    def __init__(
+        self,
+        select: Callable[[DlqEntry], bool],
+        dry_run: bool,
+        on_result: Callable[[DeleteResult], None] | None,
+    ) -> None:
+        self.select, self.dry_run, self.on_result = select, dry_run, on_result
+        self.results: list[DeleteResult] = []
+        self.pending: list[DeleteResult] = []
+
+    def count(self) -> int:
+        return len(self.results) + len(self.pending)
+
+    def act(self, channel: Any, item: Held, deadline: float) -> Action:
+        if not self.select(item.entry):
+            return "keep"
+        if self.dry_run:
+            self.results.append(DeleteResult(item.entry, "would-delete"))
+            return "keep"
+        channel.basic_ack(item.delivery_tag)
+        self.pending.append(DeleteResult(item.entry, "deleted"))
+        return "done"
+
+    def confirmed(self) -> None:
+        self.results.extend(self.pending)
+        if self.on_result is not None:
+            for result in self.pending:
+                self.on_result(result)
+        self.pending.clear()
+
+    def unsure(self, error: AmqpLabError) -> None:
+        """The pass stopped: the acks sent but not known to be processed."""
+        for result in self.pending:
+            unsure = DeleteResult(result.entry, "unconfirmed", f"ack sent, then: {error}")
+            self.results.append(unsure)
+            if self.on_result is not None:
+                self.on_result(unsure)
+        self.pending.clear()

@@ -31,8 +31,8 @@ from typing import Any
 
 from amqp_lab.dlq.record import RECORD_TYPE, encode_payload, encode_record
 from amqp_lab.errors import UnencodableMessage
-from amqp_lab.fieldtable import table_from_typed, typed_table
 from amqp_lab.message import ATTEMPTS_HEADER, OutgoingMessage, user_headers
+from amqp_lab.typed_fields import table_from_typed, typed_table
 
 __all__ = ["RAW_RECORD_FORMAT", "RAW_RECORD_HEADER", "raw_record_message", "raw_record_parts"]
 

@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from amqp_lab.errors import error_text
-from amqp_lab.fieldtable import typed_table
 from amqp_lab.message import (
     ATTEMPTS_HEADER,
     JSON,
@@ -33,6 +32,7 @@ from amqp_lab.message import (
     original_destination,
     user_headers,
 )
+from amqp_lab.typed_fields import typed_table
 
 __all__ = [
     "MAX_PAYLOAD_DEPTH",
@@ -160,6 +160,7 @@ def build_record(
     included - the record's own ``attempts`` header says the same. An ``unknown``
     classification (neither a business nor a transient error) carries a bounded traceback."""
     payload, encoding = encode_payload(body)
+    content_type = properties.get("content_type")
     original_exchange, original_key = original_destination(headers, exchange, routing_key)
     error_info: dict[str, Any] = {"type": type(error).__name__, "message": error_text(error)}
     if classification == "unknown":
@@ -169,7 +170,9 @@ def build_record(
         "message_id": message_id,
         "payload": payload,
         "payload_encoding": encoding,
-        "content_type": properties.get("content_type"),
+        # a content_type that is not UTF-8 (a short string may be any bytes) is kept, exactly,
+        # in the typed properties only: JSON has no bytes
+        "content_type": content_type if isinstance(content_type, str) else None,
         "properties": typed_table({k: v for k, v in properties.items() if v is not None}),
         "headers": typed_table(user_headers(headers)),
         "error": error_info,

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from amqp_lab.consuming.delivery import DeliveryReport
+from amqp_lab.observability.outcomes import SettledReport
 from amqp_lab.oneline import one_line
 from amqp_lab.settings import mask_url
 
@@ -57,7 +57,7 @@ def json_line(event: str, *, level: str = "info", ts: float | None = None, **fie
     return json.dumps(record, ensure_ascii=True, default=lambda v: mask_url(repr(v)))
 
 
-def report_event(report: DeliveryReport, *, queue: str, vhost: str) -> dict[str, Any]:
+def report_event(report: SettledReport, *, queue: str, vhost: str) -> dict[str, Any]:
     """The fields of a ``delivery`` event: message_id, outcome, attempts, redelivered, queue,
     vhost, trace_id, and when present error, error_type, classification, wait and
     handler_seconds (seconds)."""

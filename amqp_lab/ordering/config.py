@@ -46,6 +46,11 @@ class OrderedConfig(ConsumerBounds):
         self.check_bounds()
         if self.prefetch < 1:
             raise ConfigurationError("prefetch must be >= 1")
+        if not 1 <= self.retry.max_attempts <= 100:
+            raise ConfigurationError(
+                f"max_attempts must be within 1..100 (tries in the worker), not "
+                f"{self.retry.max_attempts}"
+            )
         if self.after_dead_letter not in ("continue", "park"):
             raise ConfigurationError(f"after_dead_letter {self.after_dead_letter!r}")
         if self.retry.mode != "hold":  # its retries are always held in the worker

@@ -77,7 +77,7 @@ log = logging.getLogger(__name__)
 class OrderedConsumer(OnEngine):
     """Consumes every shard queue of ``config.names`` until idle_exit, max_messages or
     :meth:`stop`. ``on_report`` gets one :class:`DeliveryReport` per settlement and per
-    held retry (outcome ``held``, with its wait); ``monotonic`` times the retries."""
+    held retry (outcome ``retried``, with its wait); ``monotonic`` times the retries."""
 
     def __init__(
         self,
@@ -258,7 +258,7 @@ class OrderedConsumer(OnEngine):
         elif settlement.action is Action.HOLD:
             wait = self.config.retry.backoff.wait(failures, self.uniform)
             self._lines.fail(key, self.monotonic() + wait)
-            self._report(d, d.report("held", failures + 1, wait), final=False)
+            self._report(d, d.report("retried", failures + 1, wait), final=False)
             return  # the key waits; the others go on
         else:
             self._dead_letter_head(connection, channel, key, d, settlement)

@@ -82,7 +82,7 @@ class _Nacked(Exception):
 class Publisher:
     """A confirming publisher on one connection and channel, opened lazily and replaced after a
     failure. Not thread-safe (pika's BlockingConnection is not). ``observer`` (e.g.
-    :class:`amqp_lab.observability.metrics.PublisherMetrics`) hears of each outcome, confirm
+    :class:`amqp_lab.exporters.metrics.PublisherMetrics`) hears of each outcome, confirm
     latency, blocked period and reconnect. Each publish is a ``publish`` span whose W3C trace
     context the message carries (``traceparent`` header; :mod:`amqp_lab.observability.tracing`)."""
 

@@ -3,7 +3,7 @@
 :class:`~amqp_lab.publishing.blocking.Publisher` and
 :class:`~amqp_lab.publishing.pipelined.PipelinedPublisher` call a :class:`PublisherObserver`;
 :data:`NO_PUBLISHER_OBSERVER` does nothing and is the default. The Prometheus implementation
-is :class:`amqp_lab.observability.metrics.PublisherMetrics`.
+is :class:`amqp_lab.exporters.metrics.PublisherMetrics`.
 """
 
 from __future__ import annotations

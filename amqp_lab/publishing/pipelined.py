@@ -39,46 +39,22 @@ through a deque and ``add_callback_threadsafe``.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import logging
-import random
-import re
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any
 
-import pika
-import pika.exceptions as pe
 from pika.adapters.select_connection import IOLoop
 
-from amqp_lab.connection import (
-    BlockedTime,
-    address_order,
-    channel_error,
-    connection_parameters,
-    translate,
-)
-from amqp_lab.errors import (
-    AmqpLabError,
-    AuthenticationFailed,
-    BrokerBlocked,
-    MessageNacked,
-    MessageUnroutable,
-    PublishFailed,
-    UnencodableMessage,
-    VhostAccessDenied,
-)
+from amqp_lab.connection import BlockedTime
+from amqp_lab.errors import AmqpLabError, PublishFailed, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import with_current_context
-from amqp_lab.publishing.confirm import Reply, outcome_error
+from amqp_lab.publishing.batch import Outcome, PublishBatch
 from amqp_lab.publishing.confirm_watch import ConfirmWatch
+from amqp_lab.publishing.in_flight import InFlight, Pending
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
-from amqp_lab.retry.policy import full_jitter
+from amqp_lab.publishing.pipelined_io import MAX_CHANNEL_REOPENS, PublisherIo, log
 from amqp_lab.settings import BrokerSettings
 
 __all__ = [
@@ -88,73 +64,13 @@ __all__ = [
     "PublishBatch",
 ]
 
-log = logging.getLogger(__name__)
-MAX_CHANNEL_REOPENS = 5
 
-
-Outcome = Callable[[OutgoingMessage, AmqpLabError | None], None]
-"""``callback(message, error)``: error is None when the broker confirmed the message."""
-
-
-class PublishBatch:
-    """Outcomes of one :meth:`PipelinedPublisher.publish_many` call, without a Future per
-    message: ``confirmed`` counts acks, ``failures`` lists (message, error)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.confirmed = 0
-        self.failures: list[tuple[OutgoingMessage, AmqpLabError]] = []
-        self._done = threading.Event()
-        if size == 0:
-            self._done.set()
-
-    def _record(self, message: OutgoingMessage, error: AmqpLabError | None) -> None:
-        # only the publisher's I/O thread writes here: no lock per message
-        if error is None:
-            self.confirmed += 1
-        else:
-            self.failures.append((message, error))
-        if self.confirmed + len(self.failures) == self.size:
-            self._done.set()
-
-    def wait(self, timeout: float | None = 120) -> PublishBatch:
-        """Block until every message of the batch has an outcome; raises PublishFailed after
-        ``timeout`` seconds."""
-        if not self._done.wait(timeout):
-            raise PublishFailed(f"batch: outcomes still pending after {timeout} s")
-        return self
-
-
-@dataclass(slots=True)
-class _Item:
-    message: OutgoingMessage
-    on_outcome: Outcome
-    properties: Any = None  # sealed (encoded once) in the caller's thread
-    error: AmqpLabError | None = None  # refused before sending
-    tries: int = 0
-    sent_at: float = 0.0  # time.perf_counter() of its last basic.publish
-    returned: bool = False  # a basic.return for this publish arrived (before its ack)
-    closes: int = 0  # unexplained channel closes this message was in flight for
-
-
-def _outcome_name(error: AmqpLabError | None) -> str:
-    """A publish outcome for the observer: confirmed, unroutable, nacked or failed."""
-    if error is None:
-        return "confirmed"
-    if isinstance(error, MessageUnroutable):
-        return "unroutable"
-    return "nacked" if isinstance(error, MessageNacked) else "failed"
-
-
-_MESSAGE_SIZE = re.compile(r"message size (\d+)")
-
-
-class PipelinedPublisher:
+class PipelinedPublisher(PublisherIo):
     """``window``: most messages unconfirmed at once; ``max_attempts``: publishes of one message
     when nacked; ``base`` / ``cap``: backoff seconds for nack retries and reconnects;
     ``confirm_timeout``: seconds without a confirm, while messages are unconfirmed, after which
     the connection counts as lost (None: wait as long as the connection lives); ``observer``
-    (e.g. :class:`amqp_lab.observability.metrics.PublisherMetrics`): outcomes, confirm
+    (e.g. :class:`amqp_lab.exporters.metrics.PublisherMetrics`): outcomes, confirm
     latencies, blocked periods and reconnects. A message handed over inside a span carries
     that span's W3C trace context (``traceparent``); no span per message is made.
 
@@ -189,22 +105,18 @@ class PipelinedPublisher:
         self.max_reconnects = max_reconnects
         self._in_flight = 0  # handed over and not yet resolved; at most ``window``
         self._room = threading.Condition()
-        self._incoming: collections.deque[_Item] = collections.deque()
-        self._outstanding: collections.deque[_Item] = collections.deque()  # handed over, not sent
-        self._unconfirmed: collections.OrderedDict[int, _Item] = collections.OrderedDict()
-        self._waiting: dict[int, _Item] = {}  # nacked, a retry scheduled (by id)
+        self._flight = InFlight()  # every publish without an outcome, by stage
         self._wake_pending = threading.Event()
         self._closing = False
-        self._connection: Any = None
-        self._channel: Any = None
-        self._tag = 0
+        self._connection = None
+        self._channel = None
         self._ready = threading.Event()
-        self._failure: AmqpLabError | None = None
+        self._failure = None
         self.reconnects = 0
         self.channel_closes = 0  # channels the broker closed (a 404, 403, 406...)
         self.nacks = self.confirms_timed_out = self.confirms_lost = 0
-        self.address: BrokerSettings | None = None
-        self._connecting: BrokerSettings | None = None
+        self.address = None
+        self._connecting = None
         self._channel_reopens = 0  # channel closes by the broker since the last confirm
         self._channel_was_open = False  # this connection reached an open channel
         self._ioloop = IOLoop()  # one loop for every connection, so wake-ups are never lost
@@ -216,7 +128,6 @@ class PipelinedPublisher:
             self.close()
             raise self._failure
 
-    # --- caller side (any thread) ------------------------------------------------------------
     def __enter__(self) -> PipelinedPublisher:
         return self
 
@@ -239,7 +150,7 @@ class PipelinedPublisher:
             if callback is not None:
                 callback(msg, error)
 
-        self._hand_over([_Item(message, settle)])
+        self._hand_over([Pending(message, settle)])
         return future
 
     def publish(self, message: OutgoingMessage, timeout: float | None = 60) -> None:
@@ -251,7 +162,7 @@ class PipelinedPublisher:
         batch = PublishBatch(len(messages))
         chunk = max(1, self.window // 4)
         for i in range(0, len(messages), chunk):
-            self._hand_over([_Item(m, batch._record) for m in messages[i : i + chunk]])
+            self._hand_over([Pending(m, batch._record) for m in messages[i : i + chunk]])
         return batch
 
     def flush(self, timeout: float | None = 120) -> None:
@@ -260,7 +171,7 @@ class PipelinedPublisher:
             if not self._room.wait_for(lambda: self._in_flight == 0, timeout):
                 raise PublishFailed(f"flush: outcomes still pending after {timeout} s")
 
-    def _hand_over(self, items: list[_Item]) -> None:
+    def _hand_over(self, items: list[Pending]) -> None:
         for item in items:
             if not item.message.message_id:
                 raise ValueError("every message needs a message_id")
@@ -278,27 +189,10 @@ class PipelinedPublisher:
                 if self._failure is not None or not self._thread.is_alive():
                     raise self._failure or PublishFailed("the publisher's I/O thread stopped")
             self._in_flight += len(items)
-        self._incoming.extend(items)
+        self._flight.incoming.extend(items)
         if not self._wake_pending.is_set():
             self._wake_pending.set()
             self._ioloop.add_callback_threadsafe(self._on_wake)
-
-    def _resolve(self, outcomes: list[tuple[_Item, AmqpLabError | None]]) -> None:
-        """Deliver outcomes, then free their window slots with one lock round trip."""
-        try:
-            for item, error in outcomes:
-                self.observer.outcome(item.message.exchange, _outcome_name(error))
-                try:
-                    item.on_outcome(item.message, error)
-                except Exception:  # a caller's callback must not kill the I/O thread
-                    log.exception(
-                        "outcome callback for message_id=%s raised", item.message.message_id
-                    )
-        finally:
-            with self._room:
-                self._in_flight -= len(outcomes)
-                if self._in_flight <= self.window // 2:
-                    self._room.notify_all()
 
     def close(self, flush_timeout: float = 60) -> None:
         """Wait up to ``flush_timeout`` seconds for what is in flight, then close the connection
@@ -314,276 +208,3 @@ class PipelinedPublisher:
             self._ioloop.add_callback_threadsafe(self._close_connection)
         self._thread.join(30)
         self._fail_all(PublishFailed("publisher closed before the broker confirmed"))
-
-    # --- I/O thread ---------------------------------------------------------------------------
-    def _run(self) -> None:
-        failures = 0
-        addresses = self.settings.addresses()
-        order = address_order(len(addresses))
-        attempt = 0
-        while not self._closing:
-            self._channel_was_open = False
-            address = addresses[order[attempt % len(order)]]  # the next node on each reconnect
-            attempt += 1
-            self._connecting = address
-            try:
-                self._connection = pika.SelectConnection(
-                    connection_parameters(address),
-                    on_open_callback=self._on_connection_open,
-                    on_open_error_callback=self._on_open_error,
-                    on_close_callback=self._on_connection_closed,
-                    custom_ioloop=self._ioloop,
-                )
-            except (OSError, ValueError) as e:
-                self._failure = PublishFailed(f"bad connection settings: {e}")
-                self._ready.set()
-                return
-            self._ioloop.start()
-            if self._closing:
-                return
-            failures = 0 if self._channel_was_open else failures + 1
-            if failures >= self.max_reconnects or self._failure is not None:
-                self._failure = self._failure or PublishFailed(
-                    f"could not reconnect after {failures} attempts at {self.settings.masked_url}"
-                )
-                self._ready.set()
-                self._fail_all(self._failure)
-                return
-            self.reconnects += 1
-            self.observer.reconnected()
-            time.sleep(full_jitter(failures, self.base, self.cap))
-
-    def _on_connection_open(self, connection: Any) -> None:
-        self.address = self._connecting
-        self._blocked.watch(connection)
-        connection.channel(on_open_callback=self._on_channel_open)
-
-    def _on_open_error(self, connection: Any, error: BaseException) -> None:
-        translated = translate(error, self.settings)
-        if isinstance(translated, AuthenticationFailed | VhostAccessDenied):
-            self._failure = translated  # retrying cannot help
-        log.warning("publisher connection failed: %s", translated)
-        self._ioloop.stop()
-
-    def _on_connection_closed(self, connection: Any, reason: BaseException) -> None:
-        self._channel = None
-        self.address = None
-        self._watching += 1
-        self._blocked.closed()
-        if isinstance(reason, pe.ConnectionBlockedTimeout):
-            self._fail_all(
-                BrokerBlocked(
-                    "broker kept the connection blocked (resource alarm) longer than "
-                    f"{self.settings.blocked_connection_timeout} s"
-                )
-            )
-        elif not self._closing:
-            log.warning("publisher connection closed (%s); reconnecting", reason)
-            if not self._timed_out:
-                self.confirms_lost += len(self._unconfirmed)
-            self._requeue_unconfirmed()
-        self._timed_out = False
-        self._ioloop.stop()
-
-    def _on_channel_open(self, channel: Any) -> None:
-        self._channel = channel
-        self._channel_was_open = True
-        self._tag = 0
-        channel.add_on_return_callback(self._on_return)
-        channel.add_on_close_callback(self._on_channel_closed)
-        channel.confirm_delivery(self._on_confirm, callback=self._on_confirm_select_ok)
-
-    def _on_confirm_select_ok(self, _frame: Any) -> None:
-        self._ready.set()
-        self._watch.progress()
-        self._watching += 1
-        self._look_at_confirms(self._watching)
-        self._send()
-
-    def _look_at_confirms(self, watching: int) -> None:
-        """Every ``ConfirmWatch.interval`` seconds while this connection lives: drop it when
-        a confirm is overdue (it then counts as lost: see the module doc)."""
-        if watching != self._watching or self._watch.interval is None:
-            return  # another connection by now, or no timeout
-        oldest = next(iter(self._unconfirmed.values()), None)
-        sent_at = None if oldest is None else oldest.sent_at
-        if not self._watch.overdue(sent_at, self._blocked.blocked):
-            self._ioloop.call_later(self._watch.interval, lambda: self._look_at_confirms(watching))
-            return
-        self._timed_out = True
-        self.confirms_timed_out += len(self._unconfirmed)
-        text = f"no publisher confirm within {self._watch.timeout} s"
-        log.warning(
-            "publisher: %s for %d messages; dropping the connection", text, len(self._unconfirmed)
-        )
-        terminate = getattr(self._connection, "_terminate_stream", None)  # pika 1.3-1.4 internal
-        if terminate is not None:
-            terminate(pe.StreamLostError(text))  # a frozen node would never answer a close
-        else:
-            self._connection.close()
-
-    def _unblocked(self, seconds: float) -> None:
-        """connection.unblocked (or the connection ended): restart the confirm clock."""
-        self._watch.progress()
-        self.observer.blocked(seconds)
-
-    def _on_channel_closed(self, channel: Any, reason: BaseException) -> None:
-        self._channel = None
-        if self._closing or self._connection is None or not self._connection.is_open:
-            return
-        self.channel_closes += 1
-        code = getattr(reason, "reply_code", 0)
-        text = getattr(reason, "reply_text", str(reason))
-        error: AmqpLabError = channel_error(code, text)
-        culprits = self._culprits(text)
-        outcomes: list[tuple[_Item, AmqpLabError | None]] = [
-            (self._unconfirmed.pop(t), error) for t in culprits
-        ]
-        for tag, item in list(self._unconfirmed.items()):
-            if not culprits:
-                item.closes += 1
-            if item.closes > 1:  # republished once already, and the channel died again
-                outcomes.append((self._unconfirmed.pop(tag), error))
-        self._resolve(outcomes)
-        self._requeue_unconfirmed()
-        self._channel_reopens += 1
-        if self._channel_reopens > MAX_CHANNEL_REOPENS:
-            self._failure = PublishFailed(
-                f"channel closed {self._channel_reopens} times in a row, last: {code} {text}"
-            )
-            self._fail_all(self._failure)
-            self._connection.close()
-            return
-        self._connection.channel(on_open_callback=self._on_channel_open)
-
-    def _culprits(self, reply_text: str) -> list[int]:
-        """The unconfirmed publishes a channel.close reply names: those to the exchange it
-        names (404 NOT_FOUND, 403 ACCESS_REFUSED), or the first whose body has the size a 406
-        names. Empty when the reply names none of them."""
-        named = [
-            tag
-            for tag, item in self._unconfirmed.items()
-            if f"exchange '{item.message.exchange}'" in reply_text
-        ]
-        if named:
-            return named
-        size = _MESSAGE_SIZE.search(reply_text)
-        if size is not None:
-            for tag, item in self._unconfirmed.items():
-                if len(item.message.body) == int(size.group(1)):
-                    return [tag]
-        return []
-
-    def _on_wake(self) -> None:
-        self._wake_pending.clear()
-        while self._incoming:
-            self._outstanding.append(self._incoming.popleft())
-        self._send()
-
-    def _send(self) -> None:
-        channel = self._channel
-        while channel is not None and channel.is_open and self._outstanding:
-            item = self._outstanding.popleft()
-            if item.error is not None:
-                self._resolve([(item, item.error)])
-                continue
-            m = item.message
-            item.tries += 1
-            item.returned = False
-            item.sent_at = time.perf_counter()
-            channel.basic_publish(m.exchange, m.routing_key, m.body, item.properties, True)
-            self._tag += 1
-            self._unconfirmed[self._tag] = item
-
-    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
-        """Mark the publish this basic.return is for: the earliest unconfirmed one, not yet
-        returned, with the same exchange, routing key and message_id (returns arrive in publish
-        order, each before its own ack)."""
-        key = (method.exchange, method.routing_key, properties.message_id)
-        for item in self._unconfirmed.values():
-            m = item.message
-            if not item.returned and (m.exchange, m.routing_key, m.message_id) == key:
-                item.returned = True
-                return
-
-    def _on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        tag = method.delivery_tag
-        nacked = isinstance(method, pika.spec.Basic.Nack)
-        outcomes: list[tuple[_Item, AmqpLabError | None]] = []
-        self._watch.progress()
-        items = self._confirmed_items(tag, method.multiple)
-        self.nacks += len(items) if nacked else 0
-        for item in items:
-            if item.returned:
-                outcomes.append((item, outcome_error(Reply.RETURNED, item.message)))
-            elif not nacked:
-                outcomes.append((item, None))
-                self._channel_reopens = 0
-                self.observer.confirmed_after(
-                    item.message.exchange, time.perf_counter() - item.sent_at
-                )
-            elif item.tries < self.max_attempts:
-                wait = full_jitter(item.tries - 1, self.base, self.cap, random.uniform)
-                self._waiting[id(item)] = item
-                self._ioloop.call_later(wait, lambda i=item: self._retry(i))
-            else:
-                outcomes.append((item, outcome_error(Reply.NACKED, item.message, tries=item.tries)))
-        self._resolve(outcomes)
-
-    def _confirmed_items(self, tag: int, multiple: bool) -> list[_Item]:
-        """Pop the items a basic.ack/nack covers: every tag <= ``tag`` when ``multiple``.
-        Tags are sent in increasing order, so they come off the front: O(1) per message."""
-        if not multiple:
-            item = self._unconfirmed.pop(tag, None)
-            return [] if item is None else [item]
-        items = []
-        while self._unconfirmed:
-            first = next(iter(self._unconfirmed))
-            if first > tag:
-                break
-            items.append(self._unconfirmed.pop(first))
-        return items
-
-    def _retry(self, item: _Item) -> None:
-        if self._waiting.pop(id(item), None) is None:
-            return  # resolved meanwhile (the publisher failed or closed)
-        self._outstanding.appendleft(item)
-        self._send()
-
-    def _requeue_unconfirmed(self) -> None:
-        """Put every unconfirmed message back at the front, in order, to be sent again - but
-        one already sent ``max_attempts`` times fails instead: a message that kills every
-        connection or channel it is sent on (a frame the broker refuses) must not be
-        republished forever."""
-        spent: list[tuple[_Item, AmqpLabError | None]] = []
-        for _, item in sorted(self._unconfirmed.items(), reverse=True):
-            if item.tries >= self.max_attempts:
-                detail = "each time the connection or channel closed before the broker confirmed"
-                spent.append(
-                    (item, outcome_error(Reply.LOST, item.message, tries=item.tries, detail=detail))
-                )
-            else:
-                self._outstanding.appendleft(item)
-        self._unconfirmed.clear()
-        if spent:
-            self._resolve(spent)
-
-    def _fail_all(self, error: AmqpLabError) -> None:
-        pending = [
-            *self._unconfirmed.values(),
-            *self._outstanding,
-            *self._incoming,
-            *self._waiting.values(),  # nacked, waiting for their retry
-        ]
-        self._waiting.clear()
-        self._unconfirmed.clear()
-        self._outstanding.clear()
-        self._incoming.clear()
-        self._resolve([(item, error) for item in pending])
-
-    def _close_connection(self) -> None:
-        if self._connection is not None and self._connection.is_open:
-            self._connection.close()
-        else:
-            self._ioloop.stop()

@@ -17,6 +17,8 @@ from typing import Literal
 from tenacity import wait_random_exponential
 from tenacity.wait import wait_base
 
+from amqp_lab.errors import ConfigurationError
+
 __all__ = [
     "REQUEUE_ONCE",
     "Backoff",
@@ -90,7 +92,8 @@ class RetryPolicy:
     ``backoff``: up to ``max_attempts`` deliveries in all; after failure n the message waits
     ``uniform(0, min(cap, base * 2**(n-1)))`` seconds in wait queue n, held by the broker.
     ``hold`` (the ordered consumer): the same tries and waits, held unacked in the worker.
-    ``base`` and ``cap`` are in seconds.
+    ``base`` and ``cap`` are in seconds. Raises ConfigurationError (one line naming the field)
+    for ``max_attempts`` below 1 or a negative ``base`` or ``cap``.
     """
 
     mode: Literal["requeue", "backoff", "hold"] = "requeue"
@@ -99,8 +102,12 @@ class RetryPolicy:
     cap: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.base < 0 or self.cap < 0:
-            raise ValueError(f"invalid retry policy {self}")
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        if not (self.base >= 0 and self.cap >= 0):  # NaN too
+            raise ConfigurationError(
+                f"base and cap must be >= 0 seconds, not base {self.base:g} cap {self.cap:g}"
+            )
 
     @property
     def backoff(self) -> Backoff:

@@ -14,7 +14,13 @@ from typing import Any
 import pika.exceptions as pe
 
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.errors import PreconditionFailed, TopologyError
+from amqp_lab.errors import (
+    AccessRefused,
+    ChannelError,
+    NotFound,
+    PreconditionFailed,
+    TopologyError,
+)
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import (
@@ -55,82 +61,91 @@ def apply_topology(
     (e.g. the user lacks the policymaker tag), and BrokerConnectionError subclasses.
     """
     report = ApplyReport()
-    vhost = settings.vhost
     with ManagementClient(settings) as api:
         topology = for_broker(topology, str(api.overview().get("rabbitmq_version", "")))
-        live_bindings = {binding_key(b) for b in api.bindings(vhost)}
-        existing = {
-            ("exchange", e.name): api.exchange(vhost, e.name) is not None
-            for e in topology.exchanges
-        }
-        existing.update(
-            {("queue", q.name): api.queue(vhost, q.name) is not None for q in topology.queues}
-        )
+        existing = _existing(api, settings.vhost, topology)
         connection = connect(settings)
         try:
-            channel = connection.channel()
-            for exchange in topology.exchanges:
-                channel = _declare(
-                    connection,
-                    channel,
-                    "exchange",
-                    exchange.name,
-                    lambda ch, x=exchange: ch.exchange_declare(
-                        x.name,
-                        x.type,
-                        durable=x.durable,
-                        auto_delete=x.auto_delete,
-                        internal=x.internal,
-                        arguments=dict(x.arguments),
-                    ),
-                    settings,
-                )
-                _record(report, f"exchange {exchange.name}", existing[("exchange", exchange.name)])
-            for queue in topology.queues:
-                channel = _declare(
-                    connection,
-                    channel,
-                    "queue",
-                    queue.name,
-                    lambda ch, q=queue: ch.queue_declare(
-                        q.name,
-                        durable=q.durable,
-                        auto_delete=q.auto_delete,
-                        arguments=dict(q.arguments),
-                    ),
-                    settings,
-                )
-                _record(report, f"queue {queue.name}", existing[("queue", queue.name)])
-            for binding in topology.bindings:
-                channel = _declare(
-                    connection,
-                    channel,
-                    "binding",
-                    binding.destination,
-                    lambda ch, b=binding: _bind(ch, b),
-                    settings,
-                )
-                name = (
-                    f"binding {binding.source} -> {binding.destination} ({binding.routing_key!r})"
-                )
-                _record(report, name, binding_key(binding) in live_bindings)
+            _declare_all(connection, settings, topology, existing, report)
         finally:
             close_quietly(connection)
-        for policy in topology.policies:
-            live = api.policy(vhost, policy.name)
-            same = live is not None and policy_matches(live, policy)
-            if not same:
-                api.put_policy(
-                    vhost,
-                    policy.name,
-                    policy.pattern,
-                    policy.definition_dict,
-                    policy.priority,
-                    policy.apply_to,
-                )
-            _record(report, f"policy {policy.name}", same)
-        _wait_effective_policies(api, vhost, topology, policy_wait)
+        _put_policies(api, settings.vhost, topology, report)
+        _wait_effective_policies(api, settings.vhost, topology, policy_wait)
     return report
+
+
+def _existing(api: ManagementClient, vhost: str, topology: Topology) -> set[tuple[str, Any]]:
+    """What of the topology the vhost has already: ("exchange", name), ("queue", name) and
+    ("binding", binding key) entries."""
+    found: set[tuple[str, Any]] = {("binding", binding_key(b)) for b in api.bindings(vhost)}
+    found |= {
+        ("exchange", e.name) for e in topology.exchanges if api.exchange(vhost, e.name) is not None
+    }
+    found |= {("queue", q.name) for q in topology.queues if api.queue(vhost, q.name) is not None}
+    return found
+
+
+def _declare_all(
+    connection: Any,
+    settings: BrokerSettings,
+    topology: Topology,
+    existing: set[tuple[str, Any]],
+    report: ApplyReport,
+) -> None:
+    """exchange.declare, queue.declare and the bindings, in that order, on one connection."""
+    channel = connection.channel()
+    for exchange in topology.exchanges:
+        channel = _declare(
+            connection,
+            channel,
+            "exchange",
+            exchange.name,
+            lambda ch, x=exchange: ch.exchange_declare(
+                x.name,
+                x.type,
+                durable=x.durable,
+                auto_delete=x.auto_delete,
+                internal=x.internal,
+                arguments=dict(x.arguments),
+            ),
+            settings,
+        )
+        _record(report, f"exchange {exchange.name}", ("exchange", exchange.name) in existing)
+    for queue in topology.queues:
+        channel = _declare(
+            connection,
+            channel,
+            "queue",
+            queue.name,
+            lambda ch, q=queue: ch.queue_declare(
+                q.name, durable=q.durable, auto_delete=q.auto_delete, arguments=dict(q.arguments)
+            ),
+            settings,
+        )
+        _record(report, f"queue {queue.name}", ("queue", queue.name) in existing)
+    for binding in topology.bindings:
+        channel = _declare_binding(connection, channel, binding, settings)
+        name = f"binding {binding.source} -> {binding.destination} ({binding.routing_key!r})"
+        _record(report, name, ("binding", binding_key(binding)) in existing)
+
+
+def _put_policies(
+    api: ManagementClient, vhost: str, topology: Topology, report: ApplyReport
+) -> None:
+    """PUT each policy that differs from the live one (management API)."""
+    for policy in topology.policies:
+        live = api.policy(vhost, policy.name)
+        same = live is not None and policy_matches(live, policy)
+        if not same:
+            api.put_policy(
+                vhost,
+                policy.name,
+                policy.pattern,
+                policy.definition_dict,
+                policy.priority,
+                policy.apply_to,
+            )
+        _record(report, f"policy {policy.name}", same)
 
 
 def _wait_effective_policies(
@@ -183,6 +198,21 @@ def _bind(channel: Any, binding: Binding) -> None:
         routing_key=binding.routing_key,
         arguments=dict(binding.arguments),
     )
+
+
+def _declare_binding(
+    connection: Any, channel: Any, binding: Binding, settings: BrokerSettings
+) -> Any:
+    """Declare one binding; a refusal names it by source, destination and routing key (a 404
+    alone would name only the exchange or queue that is missing)."""
+    try:
+        return _declare(
+            connection, channel, "binding", binding.label, lambda ch: _bind(ch, binding), settings
+        )
+    except ChannelError as e:
+        if type(e) not in (ChannelError, PreconditionFailed, NotFound, AccessRefused):
+            raise
+        raise type(e)(f"binding {binding.label}: {e}", e.reply_code) from e
 
 
 def _record(report: ApplyReport, name: str, existed: bool) -> None:

@@ -1,6 +1,8 @@
 """Loading topology data: RabbitMQ's definitions format, without vhost fields, plus an
-``amqp_lab`` section that names the roles (:class:`~amqp_lab.topology.model.Names`). The
-topology amqp-lab ships (``definitions.json``, package data) is :data:`DEFAULT_TOPOLOGY`.
+``amqp_lab`` section that names the roles (:class:`~amqp_lab.topology.model.Names`). A file
+is checked against the topology JSON Schema first (:mod:`amqp_lab.topology.schema`). The
+topology amqp-lab ships (``data/definitions.json``, package data: the same file as the
+repository's ``topology/definitions.json``) is :data:`DEFAULT_TOPOLOGY`.
 https://www.rabbitmq.com/docs/definitions
 """
 
@@ -12,26 +14,41 @@ from typing import Any
 
 from amqp_lab.errors import TopologyError
 from amqp_lab.topology.model import Binding, Exchange, Names, Policy, Queue, Topology, frozen_items
+from amqp_lab.topology.schema import check_definitions
 
-__all__ = ["DEFAULT_TOPOLOGY", "load_topology", "topology_from_definitions"]
+__all__ = ["DATA", "DEFAULT_TOPOLOGY", "load_topology", "topology_from_definitions"]
 
-DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "definitions.json"
+DATA = Path(__file__).resolve().parent / "data"
+"""The topology files the package ships (the repository's ``topology/``, copied)."""
+DEFAULT_TOPOLOGY = DATA / "definitions.json"
 _QUEUE_ONLY_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
 
 
 def load_topology(path: Path | str = DEFAULT_TOPOLOGY) -> Topology:
-    """Parse a definitions-format JSON file. Raises TopologyError naming the file and the problem
-    (unreadable, not JSON, a missing key, or x-dead-letter-* in queue arguments)."""
+    """Read a definitions-format JSON file and check it against the topology schema
+    (:func:`~amqp_lab.topology.schema.check_definitions`). Raises TopologyError naming the
+    file and the problem in one line: unreadable, not JSON, no ``"amqp_lab"`` section, an
+    unknown role, a field of the wrong type, a binding to an object the file does not declare
+    (named by source, destination and routing key), or x-dead-letter-* in queue arguments."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TopologyError(f"cannot load topology {path}: {type(e).__name__}: {e}") from e
+    try:
+        check_definitions(data)
+    except TopologyError as e:
+        raise TopologyError(f"cannot load topology {path}: {e}") from e
+    try:
         return topology_from_definitions(data)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise TopologyError(f"cannot load topology {path}: {type(e).__name__}: {e}") from e
 
 
 def topology_from_definitions(data: dict[str, Any]) -> Topology:
-    """Build a :class:`Topology` from a definitions-format dict (vhost fields are ignored)."""
+    """Build a :class:`Topology` from a definitions-format dict (vhost fields are ignored), as
+    given: unlike :func:`load_topology` it does not check the schema, so a program may build
+    a partial topology (no ``amqp_lab`` section: ``topology.names`` then raises)."""
     queues = tuple(
         Queue(
             q["name"],
@@ -105,6 +122,14 @@ def _names(section: Any) -> Names | None:
     count = section.get("wait_queues", 0)
     if not isinstance(count, int) or count < 0 or (count and template is None):
         raise TopologyError('"wait_queues" must be a count >= 0, with a "wait_queue"')
+    shard_template = section.get("shard_queue")
+    if shard_template is not None and (
+        not isinstance(shard_template, str) or "{n}" not in shard_template
+    ):
+        raise TopologyError('"shard_queue" must be a queue name template with {n}')
+    shards = section.get("shards", 0)
+    if not isinstance(shards, int) or shards < 0 or (shards and shard_template is None):
+        raise TopologyError('"shards" must be a count >= 0, with a "shard_queue"')
     return Names(
         exchange=section["exchange"],
         routing_key=section["routing_key"],
@@ -115,6 +140,8 @@ def _names(section: Any) -> Names | None:
         wait_queue_template=template,
         wait_queues=count,
         audit_queue=section.get("audit_queue"),
+        shard_queue_template=shard_template,
+        shards=shards,
     )
 
 
@@ -137,6 +164,9 @@ def _check_names(topology: Topology) -> None:
         wanted.append(("audit_queue", names.audit_queue, queues))
     wanted += [
         (f"wait queue {n}", names.wait_queue(n), queues) for n in range(1, names.wait_queues + 1)
+    ]
+    wanted += [
+        (f"shard queue {n}", names.shard_queue(n), queues) for n in range(1, names.shards + 1)
     ]
     unknown = [f"{role} {name!r}" for role, name, known in wanted if name not in known]
     if unknown:

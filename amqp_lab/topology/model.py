@@ -52,6 +52,11 @@ class Binding:
     destination_type: str = "queue"
     arguments: tuple[tuple[str, Any], ...] = ()
 
+    @property
+    def label(self) -> str:
+        """``source -> destination (routing key 'rk')``: how errors name the binding."""
+        return f"{self.source} -> {self.destination} (routing key {self.routing_key!r})"
+
 
 @dataclass(frozen=True)
 class Policy:

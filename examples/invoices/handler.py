@@ -1,6 +1,6 @@
 """The invoices worker's handler: validate an invoice, send it, record it.
 
-Run it with the worker (``scripts/worker.py --topology examples/invoices/topology.json
+Run it with the worker (``scripts/worker.py --topology topology/invoices.json
 --handler examples.invoices.handler:handle``). An invoice is the JSON object
 ``{"invoice_id": str, "customer": str, "amount_cents": int > 0}``, optionally with
 ``"flaky": true`` (the simulated sender times out on the first delivery). Anything else is a

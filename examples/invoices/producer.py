@@ -12,7 +12,6 @@ only if every message was confirmed; 3 if any was unroutable; 1 otherwise.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from amqp_lab.cli.common import (
     run,
     settings_from_env,
 )
+from amqp_lab.cli.parser import CommandParser
 from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
 from amqp_lab.message import message_for
 from amqp_lab.publishing.blocking import Publisher
@@ -30,7 +30,7 @@ from amqp_lab.topology import load_topology
 
 __all__ = ["TOPOLOGY", "invoices", "main"]
 
-TOPOLOGY = Path(__file__).resolve().parent / "topology.json"
+TOPOLOGY = Path(__file__).resolve().parents[2] / "topology" / "invoices.json"
 
 
 def invoices(
@@ -57,7 +57,7 @@ def invoices(
 
 def main(argv: list[str] | None = None) -> int:
     """The producer command (exit code returned)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=3, help="good invoices to publish")
     parser.add_argument("--bad", action="store_true", help="add an invalid invoice")
     parser.add_argument("--flaky", action="store_true", help="add one whose sender fails once")

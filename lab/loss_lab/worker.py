@@ -11,7 +11,6 @@ message as one row in the effects table, and returns once it has been idle for a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -20,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from amqp_lab.cli.parser import CommandParser
 from lab.loss_lab import effects
 
 IDLE_EXIT = 1.0  # seconds without a message before the stop file is looked at
@@ -59,7 +59,7 @@ class WorkerContext:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="loss-lab worker (started by the runner)")
+    parser = CommandParser(description="loss-lab worker (started by the runner)")
     parser.add_argument("--design", required=True)
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)

@@ -53,11 +53,11 @@ def test_seed_scenario_bad_message_five_attempts(topology: BrokerSettings, tmp_p
         "--cap",
         "1",
     )
-    assert lines_for(rows, "m-bad") == [
-        ("requeued", "1", "false"),
-        ("requeued", "2", "false"),
-        ("requeued", "3", "false"),
-        ("requeued", "4", "false"),
+    assert lines_for(rows, "m-bad") == [  # issue 23: retried (was requeued)
+        ("retried", "1", "false"),
+        ("retried", "2", "false"),
+        ("retried", "3", "false"),
+        ("retried", "4", "false"),
         ("dead-lettered", "5", "false"),
     ]
     assert ready_count(topology, "q:tasks") == 0
@@ -137,7 +137,7 @@ def test_jittered_gaps_stay_within_their_bounds(topology: BrokerSettings, tmp_pa
 
     publish(topology, ("ok", "m-jitter"))
     reports = run_consumer(topology, tmp_path, always_transient, policy, random.uniform)
-    assert [r.outcome for r in reports] == ["requeued"] * 3 + ["dead-lettered"]
+    assert [r.outcome for r in reports] == ["retried"] * 3 + ["dead-lettered"]
     gaps = [b - a for a, b in itertools.pairwise(seen)]
     for n, gap in enumerate(gaps, 1):
         assert 0 <= gap <= wait_bound(policy, n) + TOLERANCE, gaps
@@ -166,8 +166,8 @@ def test_short_wait_is_not_stuck_behind_a_long_one(
         publisher.publish(task_message("ok", 2, "B-short"))
     reports = run_consumer(topology, tmp_path, fail_once, policy, lambda lo, hi: hi, idle=10)
     assert {(r.message_id, r.outcome, r.wait) for r in reports if r.wait} == {
-        ("A-long", "requeued", 8.0),
-        ("B-short", "requeued", 1.0),
+        ("A-long", "retried", 8.0),
+        ("B-short", "retried", 1.0),
     }
     b_wait = returned["B-short"] - first_seen["B-short"]
     a_wait = returned["A-long"] - first_seen["A-long"]

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from amqp_lab.connection import open_channel
 from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.fieldtable import table_from_typed
 from amqp_lab.settings import BrokerSettings
+from amqp_lab.typed_fields import table_from_typed
 from lab.handler import lab_handler
 from tests.support import consumer_config, get_all, ready_count
 

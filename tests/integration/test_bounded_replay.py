@@ -24,7 +24,7 @@ from amqp_lab.console import create_app
 from amqp_lab.dlq.fingerprint import group
 from amqp_lab.dlq.ops import browse, delete, replay
 from amqp_lab.dlq.record import build_record, record_message
-from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.summary import Selection
 from amqp_lab.dlq.window import PassReport, exact_properties
 from amqp_lab.errors import AmqpLabError, BusinessError, ConnectionLost
 from amqp_lab.message import encode_json

@@ -136,4 +136,5 @@ def test_cluster_chaos_refuses_options_it_cannot_honour() -> None:
     ]:
         result = run_script(settings, "chaos.py", *CLUSTER_ARGS, *args, timeout=60)
         assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr.splitlines()[-1].startswith(f"chaos.py: error: {error}")
+        assert result.stderr.count("\n") == 1, (args, result.stderr)  # one line, no usage
+        assert result.stderr.startswith(f"error: {error}"), args

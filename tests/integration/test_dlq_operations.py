@@ -15,7 +15,7 @@ from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.ops import replay
 from amqp_lab.dlq.record import build_record, record_message
-from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.summary import Selection
 from amqp_lab.errors import BusinessError
 from amqp_lab.message import Task, encode_json
 from amqp_lab.publishing.blocking import Publisher

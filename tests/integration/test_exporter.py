@@ -1,4 +1,4 @@
-"""The queue-side exporter (scripts/exporter.py, amqp_lab.observability.queues) scraped over
+"""The queue-side exporter (scripts/exporter.py, amqp_lab.exporters.queues) scraped over
 HTTP as Prometheus would: exact depths and consumer counts, the DLQ head's age, a DLQ left as
 it was (depth and order) however often it is scraped, and probe failure instead of an error
 when the broker, the vhost or a queue is missing."""
@@ -59,6 +59,7 @@ def scrape(url: str) -> Samples:
     """GET /metrics and parse it: {(sample name, labels): value}."""
     response = httpx.get(url, timeout=20)
     assert response.status_code == 200, response.text
+    assert "_created" not in response.text  # issue 23: no _created series
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(response.text)

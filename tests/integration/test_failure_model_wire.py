@@ -415,7 +415,7 @@ def test_a_publisher_closed_while_a_nack_retry_waits_resolves_it(vhost: BrokerSe
     future = publisher.publish_async(
         task_message("ok", 1, "m-nacked", exchange="", routing_key="q:full")
     )
-    wait_for(lambda: publisher._waiting, what="nacked once, its retry waiting (up to 30 s)")
+    wait_for(lambda: publisher._flight.waiting, what="nacked once, its retry waiting (up to 30 s)")
     started = time.monotonic()
     publisher.close(flush_timeout=1)
     error = future.exception(10)

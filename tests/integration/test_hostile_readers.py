@@ -30,7 +30,7 @@ from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.dlq.fingerprint import group
 from amqp_lab.dlq.ops import browse, depth, replay
 from amqp_lab.dlq.view import DlqEntry
-from amqp_lab.observability.queues import probe_queues
+from amqp_lab.exporters.queues import probe_queues
 from amqp_lab.ordering.key_sources import dlq_keys, queue_keys
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, with_stream_audit

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from amqp_lab.errors import BrokerBlocked
-from amqp_lab.observability.metrics import PublisherMetrics
+from amqp_lab.exporters.metrics import PublisherMetrics
 from amqp_lab.publishing.blocking import Publisher, PublishRetry
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import Task
-from amqp_lab.observability.metrics import ConsumerMetrics
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from tests.support import NAMES, consumer_config, lab_message, ready_count, wait_for

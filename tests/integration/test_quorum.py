@@ -88,7 +88,7 @@ def test_backoff_retries_through_quorum_wait_queues(quorum: BrokerSettings, tmp_
         quorum, tmp_path, "--retry", "backoff", "--max-attempts", "3", "--base", "0.2",
         "--cap", "0.5", "--idle-exit", "4",
     )  # fmt: skip
-    assert [(r["outcome"], r["attempts"]) for r in rows] == [("requeued", "1"), ("processed", "2")]
+    assert [(r["outcome"], r["attempts"]) for r in rows] == [("retried", "1"), ("processed", "2")]
     with ManagementClient(quorum) as api:
         wait = api.queue(quorum.vhost, "q:tasks:wait:1")
     assert wait is not None and wait["type"] == "quorum"

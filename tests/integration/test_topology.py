@@ -8,7 +8,7 @@ import pika
 import pytest
 
 from amqp_lab.connection import open_channel
-from amqp_lab.errors import PreconditionFailed
+from amqp_lab.errors import NotFound, PreconditionFailed
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, topology_from_definitions
@@ -118,3 +118,19 @@ def test_conflicting_redeclare_names_queue_and_argument(topology: BrokerSettings
     assert "Fix:" in text
     # the original topology still applies cleanly: nothing was changed
     assert not apply_topology(topology, load_topology()).changed
+
+
+def test_a_binding_the_broker_refuses_is_named_by_source_destination_and_key(
+    vhost: BrokerSettings,
+) -> None:
+    """Built in code (load_topology would refuse the file): the binding's source exchange
+    does not exist on the broker, whose 404 alone names only the exchange."""
+    data = {
+        "queues": [{"name": "q:bound"}],
+        "bindings": [{"source": "no-such-exchange", "destination": "q:bound", "routing_key": "k"}],
+    }
+    with pytest.raises(NotFound) as raised:
+        apply_topology(vhost, topology_from_definitions(data))
+    text = str(raised.value)
+    assert text.startswith("binding no-such-exchange -> q:bound (routing key 'k'): "), text
+    assert "no-such-exchange" in text.split(": ", 1)[1]  # the broker's own reason follows

@@ -69,9 +69,9 @@ def test_one_trace_across_retries_dead_letter_and_replay(
         raise TransientError("downstream unavailable")
 
     reports = consume(topology, tmp_path, always_fails, retry=failing)
-    assert [(r.outcome, r.attempts) for r in reports] == [
-        ("requeued", 1),
-        ("requeued", 2),
+    assert [(r.outcome, r.attempts) for r in reports] == [  # issue 23: retried (was requeued)
+        ("retried", 1),
+        ("retried", 2),
         ("dead-lettered", 3),
     ]
     wait_ready_count(topology, NAMES.dlq, 1)
@@ -90,8 +90,8 @@ def test_one_trace_across_retries_dead_letter_and_replay(
     by_id = {s.context.span_id: s for s in spans}
     process = [s for s in spans if s.name == "process q:tasks"]
     assert [(s.attributes or {}).get("amqp_lab.outcome") for s in process] == [
-        "requeued",
-        "requeued",
+        "retried",
+        "retried",
         "dead-lettered",
         "processed",
     ]

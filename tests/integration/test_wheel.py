@@ -1,9 +1,12 @@
-"""A wheel built from the repository, installed in a fresh venv outside it, applies the
-packaged topology and runs a worker with a handler from another module - nothing of the
-repository (lab, scripts, topology files) is on its path."""
+"""A wheel built from the repository, installed in a fresh venv outside it, has the five
+commands (amqp-lab-worker, -topology, -dlq, -replay, -console), applies the packaged topology,
+runs a worker with a handler from another module, lists and replays its DLQ with the audit log
+beside the app, and ships the same topology files as the repository's topology/ - nothing of
+the repository (lab, scripts, topology files) is on its path."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -17,6 +20,14 @@ import pytest
 from amqp_lab.settings import BrokerSettings
 from tests.brokers import ROOT
 from tests.support import script_env
+
+COMMANDS = (
+    "amqp-lab-worker",
+    "amqp-lab-topology",
+    "amqp-lab-dlq",
+    "amqp-lab-replay",
+    "amqp-lab-console",
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -123,3 +134,98 @@ def test_an_installed_wheel_applies_the_packaged_topology_and_runs_your_handler(
 
     with sqlite3.connect(store) as db:
         assert db.execute("SELECT message_id, invoice FROM sent").fetchall() == [("inv-1", "INV-1")]
+
+
+def test_the_wheel_installs_the_five_commands(installed: Path, tmp_path: Path) -> None:
+    for command in COMMANDS:
+        assert (installed / command).is_file(), command
+        help_ = subprocess.run(
+            [str(installed / command), "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert help_.returncode == 0 and help_.stdout.startswith("usage: "), (command, help_)
+        needed = ["--handler", "app:handle"] if command == "amqp-lab-worker" else []
+        refused = subprocess.run(
+            [str(installed / command), *needed, "--no-such-option"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert (refused.returncode, refused.stdout) == (2, ""), (command, refused)
+        assert refused.stderr.endswith("error: unrecognized arguments: --no-such-option\n")
+        assert refused.stderr.count("\n") == 1, (command, refused.stderr)
+
+
+def test_the_console_without_its_extra_says_which_to_install(
+    installed: Path, tmp_path: Path
+) -> None:
+    """The wheel was installed without extras: no Flask."""
+    result = subprocess.run(
+        [str(installed / "amqp-lab-console"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "EAI_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/x"},
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: the DLQ console needs the console extra (flask is not installed): "
+        "pip install 'amqp-lab[console]'\n"
+    )
+
+
+def test_the_wheel_ships_the_repositorys_topology_files(installed: Path, tmp_path: Path) -> None:
+    probe = "import amqp_lab.topology.files as f; print(f.packaged('definitions.json').parent)"
+    where = subprocess.run(  # outside the checkout: its amqp_lab/ must not be found first
+        [str(installed / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert where.returncode == 0, where.stderr
+    data = Path(where.stdout.strip())
+    assert data.is_relative_to(installed.parent) and not data.is_relative_to(ROOT)
+    shipped = {p.name: p.read_bytes() for p in data.glob("*.json")}
+    top_level = {p.name: p.read_bytes() for p in (ROOT / "topology").glob("*.json")}
+    assert shipped == top_level and len(shipped) == 4
+    schema = data.parent / "schema.json"
+    assert schema.read_bytes() == (ROOT / "amqp_lab" / "topology" / "schema.json").read_bytes()
+
+
+@pytest.mark.timeout(900)
+def test_the_installed_dlq_tools_list_and_replay_with_the_audit_log_beside_the_app(
+    installed: Path, vhost: BrokerSettings, tmp_path: Path
+) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "invoicing.py").write_text(HANDLER)
+    (app / "publish.py").write_text(PUBLISH)
+    assert run_in(app, vhost, str(installed / "amqp-lab-topology")).returncode == 0
+    assert run_in(app, vhost, str(installed / "python"), "publish.py").returncode == 0
+    worker = run_in(
+        app, vhost, str(installed / "amqp-lab-worker"), "--handler", "invoicing:handle",
+        "--idle-exit", "1", "--dedup-url", str(tmp_path / "dedup.sqlite3"),
+    )  # fmt: skip
+    assert worker.returncode == 0, worker.stderr
+
+    listed = run_in(app, vhost, str(installed / "amqp-lab-dlq"), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["message_id"] for line in listed.stdout.splitlines()] == ["inv-2"]
+    alert = run_in(app, vhost, str(installed / "amqp-lab-dlq"), "--alert-depth", "0")
+    assert alert.returncode == 2 and alert.stdout.startswith("ALERT: DLQ q:tasks:dlq")
+
+    replayed = run_in(app, vhost, str(installed / "amqp-lab-replay"), "--message-id", "inv-2")
+    assert replayed.returncode == 0, replayed.stderr
+    assert "message_id=inv-2 status=replayed" in replayed.stdout
+    audit = app / ".state" / "replay-audit.jsonl"  # beside the app, not in any checkout
+    (line,) = audit.read_text().splitlines()
+    assert (json.loads(line)["message_id"], json.loads(line)["status"]) == ("inv-2", "replayed")
+    elsewhere = tmp_path / "audit" / "replay.jsonl"
+    again = run_in(
+        app, vhost, str(installed / "amqp-lab-replay"), "--all", "--dry-run",
+        "--audit-log", str(elsewhere),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert elsewhere.read_text() == ""  # the file --audit-log named; a dry run writes nothing

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from amqp_lab.observability.queues import QueueProbe, QueueState, metric_families
+from amqp_lab.exporters.queues import QueueProbe, QueueState, metric_families
 
 pytestmark = pytest.mark.unit
 
@@ -231,7 +231,7 @@ def test_the_names_here_are_the_ones_the_code_registers() -> None:
     metric renamed in the code fails here, not on a production dashboard."""
     from prometheus_client import CollectorRegistry
 
-    from amqp_lab.observability.metrics import ConsumerMetrics, PublisherMetrics
+    from amqp_lab.exporters.metrics import ConsumerMetrics, PublisherMetrics
 
     def registered(registry: CollectorRegistry) -> set[str]:
         names = set()

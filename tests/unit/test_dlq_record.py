@@ -620,3 +620,16 @@ def test_a_damaged_record_is_shown_raw(body: bytes) -> None:
     entry = view_of(body, _props(message_id="m-1", type=RECORD_TYPE, headers={}))
     assert entry.source == "raw"
     assert decode_payload(entry.payload, entry.payload_encoding) == body
+
+
+def test_a_content_type_that_is_not_utf8_still_makes_a_record() -> None:
+    """A short string may be any bytes: a foreign publisher's content_type b'\\x00\\xb3\\xff'
+    once made the record's JSON fail, and the worker with it, on every redelivery
+    (test_hostile_readers found it). The record keeps it exactly in its typed properties."""
+    content_type = b"\x00\xb3\xff"
+    record = _record(properties={"content_type": content_type, "priority": 4})
+    assert record["content_type"] is None
+    message = record_message(record, "tasks.dlx", "task")  # JSON: it used to raise here
+    entry = view_of(message.body, _props(type=RECORD_TYPE))
+    assert entry.source == "record"
+    assert entry.properties["content_type"] == content_type

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from amqp_lab.dlq import window as window_module
 from amqp_lab.dlq.ops import replay
-from amqp_lab.dlq.view import Selection
+from amqp_lab.dlq.summary import Selection
 from amqp_lab.dlq.window import Action, DlqPass, Held, exact_properties, window_for_rate
 from amqp_lab.errors import ConfigurationError, MessageNacked, ReplayStopped
 from amqp_lab.fieldtable import encode_table

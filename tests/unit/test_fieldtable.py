@@ -20,11 +20,8 @@ from amqp_lab.fieldtable import (
     TaggedInt,
     decode_table,
     encode_table,
-    from_typed,
-    table_from_typed,
-    to_typed,
-    typed_table,
 )
+from amqp_lab.typed_fields import from_typed, table_from_typed, to_typed, typed_table
 from tests.amqp_values import field_tables, field_values, same
 
 pytestmark = pytest.mark.unit

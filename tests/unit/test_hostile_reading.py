@@ -26,7 +26,8 @@ from amqp_lab.dlq.record import (
     encode_record,
     record_message,
 )
-from amqp_lab.dlq.view import DlqEntry, Selection, replay_message, summarize, time_of, view_of
+from amqp_lab.dlq.summary import Selection, summarize, time_of
+from amqp_lab.dlq.view import DlqEntry, replay_message, view_of
 from amqp_lab.errors import BusinessError, UnencodableMessage
 from amqp_lab.fieldtable import TaggedFloat, TaggedInt
 from amqp_lab.ordering.key_sources import keys_from_headers

@@ -12,15 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from amqp_lab.connection import BlockedTime
 from amqp_lab.consuming.delivery import DeliveryReport
 from amqp_lab.consuming.observer import NO_OBSERVER
+from amqp_lab.exporters.metrics import ConsumerMetrics, PublisherMetrics
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.logs import JsonFormatter, json_line, report_event
-from amqp_lab.observability.metrics import ConsumerMetrics, PublisherMetrics
+from amqp_lab.observability.outcomes import OUTCOMES
 from amqp_lab.observability.tracing import (
     context_from_headers,
     inject,
@@ -48,12 +49,18 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
         (report("processed"), "amqp_lab_consumer_processed_total", {}),
         (report("duplicate"), "amqp_lab_consumer_duplicates_total", {}),
         (report("requeued"), "amqp_lab_consumer_requeued_total", {}),
+        # issue 23: a retry copy into a wait queue and the ordered worker's held retry are
+        # both reported as "retried" (they were "requeued" with a wait, and "held")
         (
-            report("requeued", wait=0.5, attempts=2),
+            report("retried", wait=0.5, attempts=2),
             "amqp_lab_consumer_retried_total",
             {"attempt": "2"},
         ),
-        (report("held", wait=0.5, attempts=3), "amqp_lab_consumer_retried_total", {"attempt": "3"}),
+        (
+            report("retried", wait=0.5, attempts=3),
+            "amqp_lab_consumer_retried_total",
+            {"attempt": "3"},
+        ),
         (report("parked"), "amqp_lab_consumer_parked_total", {}),
         (
             report("dead-lettered", classification="business", error_type="BusinessError"),
@@ -82,6 +89,32 @@ def test_each_outcome_moves_one_counter(
     ]
     others = [c for c in counters if c != name]
     assert [sample(registry, c) for c in others] == [0.0] * len(others)
+
+
+def test_every_outcome_name_is_a_metric_name() -> None:
+    """The log and the metrics say the same word: each outcome has its counter (a plural for
+    duplicate), and a name the table does not know moves none."""
+    registry = CollectorRegistry()
+    metrics = ConsumerMetrics("v", "q", registry)
+    names = {family.name for family in registry.collect()}
+    for outcome in OUTCOMES:
+        word = outcome.replace("-", "_")
+        assert {f"amqp_lab_consumer_{word}", f"amqp_lab_consumer_{word}s"} & names, outcome
+    metrics.settled(report("held", wait=0.5))  # no such outcome (any more)
+    moved = [
+        s for f in registry.collect() for s in f.samples if s.name.endswith("_total") and s.value
+    ]
+    assert moved == []
+
+
+def test_no_created_series() -> None:
+    """prometheus-client's _created series are off (disable_created_metrics)."""
+    registry = CollectorRegistry()
+    ConsumerMetrics("v", "q", registry).settled(report("processed", handler_seconds=0.1))
+    PublisherMetrics("v", registry).outcome("tasks", "confirmed")
+    text = generate_latest(registry).decode()
+    assert "amqp_lab_consumer_processed_total" in text
+    assert "_created" not in text
 
 
 def test_the_other_consumer_events() -> None:

@@ -92,3 +92,88 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
         [sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=300
     )
     assert result.stdout.strip() == ""
+
+
+# --- layering: observability and dlq import nothing from the packages that use them ---------------
+LOWER = ("observability", "dlq")
+USERS = {  # the packages that use them (issue 23), whether or not they do today
+    "observability": {"consuming", "publishing", "dlq", "cli", "console", "ordering", "exporters"},
+    "dlq": {"consuming", "cli", "console", "ordering", "exporters", "outbox"},
+}
+
+
+def package_of(name: str) -> str | None:
+    """``amqp_lab.X.y`` -> ``X`` (None outside amqp_lab or for a top-level module)."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "amqp_lab" and len(parts) > 2 else None
+
+
+def package_imports() -> dict[str, set[str]]:
+    """For each amqp_lab subpackage, the other subpackages its modules import."""
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        owner = package_of(module_name(path) + ".x")
+        if owner is None or path.parent == PACKAGE:
+            continue
+        used = {package_of(n + ".x") for n in imported_names(path)}
+        graph.setdefault(owner, set()).update(p for p in used if p and p != owner)
+    return graph
+
+
+@pytest.mark.parametrize("lower", LOWER)
+def test_a_lower_package_imports_nothing_from_the_packages_that_use_it(lower: str) -> None:
+    graph = package_imports()
+    users = USERS[lower] | {p for p, used in graph.items() if lower in used}
+    assert users >= {"consuming", "cli"}  # the graph found the users
+    upward = {
+        f"{module_name(path)} imports {name}"
+        for path in MODULES
+        if module_name(path).startswith(f"amqp_lab.{lower}")
+        for name in imported_names(path)
+        if package_of(name + ".x") in users
+    }
+    assert upward == set()
+
+
+def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The check above can fail: a module importing a user of its package is found."""
+    module = tmp_path / "probe.py"
+    module.write_text("from amqp_lab.consuming.delivery import DeliveryReport\n")
+    assert package_of(next(iter(imported_names(module))) + ".x") == "consuming"
+
+
+PURE_DLQ = ["record", "raw_record", "view", "summary", "fingerprint"]
+IO_NAMES = ("pika", "httpx", "psycopg", "socket", "amqp_lab.connection", "amqp_lab.management")
+IO_PACKAGES = ("amqp_lab.publishing", "amqp_lab.dlq.ops", "amqp_lab.dlq.window")
+
+
+@pytest.mark.parametrize("name", PURE_DLQ)
+def test_the_dlq_record_and_view_are_pure(name: str) -> None:
+    """The pure record apart from the I/O: these read and build records, and import no broker,
+    network or database code; the operations on the queue are dlq.ops and dlq.window."""
+    imported = imported_names(PACKAGE / "dlq" / f"{name}.py")
+    io = {n for n in imported if n.startswith(IO_NAMES) or n.startswith(IO_PACKAGES)}
+    assert io == set()
+
+
+def test_importing_the_dlq_record_loads_no_dlq_operation() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, amqp_lab.dlq.record, amqp_lab.dlq.view;"
+        "print(sorted(m for m in sys.modules if m in ('amqp_lab.dlq.ops', 'amqp_lab.dlq.window')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_observability_is_instrumentation_and_the_exporters_export() -> None:
+    """Prometheus (collectors, the HTTP server) is amqp_lab.exporters'; observability (what the
+    library calls: tracing, logs, guards, outcome names) does not load it."""
+    for path in (PACKAGE / "observability").glob("*.py"):
+        assert not {n for n in imported_names(path) if n.startswith("prometheus_client")}, path
+    exporting = set().union(*(imported_names(p) for p in (PACKAGE / "exporters").glob("*.py")))
+    assert any(n.startswith("prometheus_client") for n in exporting)

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from amqp_lab.observability import queues
-from amqp_lab.observability.queues import QueueCollector, QueueProbe, QueueState, metric_families
+from amqp_lab.exporters import queues
+from amqp_lab.exporters.queues import QueueCollector, QueueProbe, QueueState, metric_families
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import load_topology
 

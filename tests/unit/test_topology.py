@@ -23,7 +23,9 @@ from amqp_lab.topology.model import expected_policy_per_queue
 
 pytestmark = pytest.mark.unit
 
-DEFINITIONS = Path(__file__).resolve().parents[2] / "amqp_lab" / "topology" / "definitions.json"
+DEFINITIONS = (
+    Path(__file__).resolve().parents[2] / "amqp_lab" / "topology" / "data" / "definitions.json"
+)
 
 DLX_POLICY = Policy(
     "q-tasks-dlx",
@@ -49,6 +51,22 @@ WAIT_POLICY = Policy(
 @pytest.fixture(scope="module")
 def lab_topology() -> Topology:
     return load_topology(DEFINITIONS)
+
+
+def _with_section(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with a minimal valid "amqp_lab" section and the objects it names, so that
+    load_topology's schema check passes and a test reaches the problem it is about."""
+    return {
+        "amqp_lab": {
+            "exchange": "x",
+            "routing_key": "k",
+            "queue": "q:x",
+            "dead_letter_exchange": "x.dlx",
+            "dlq": "q:x:dlq",
+        },
+        "exchanges": [{"name": "x"}, {"name": "x.dlx", "type": "fanout"}],
+        "queues": [{"name": "q:x"}, {"name": "q:x:dlq"}, *data.get("queues", [])],
+    }
 
 
 def _write(tmp_path: Path, data: Any) -> Path:
@@ -149,7 +167,10 @@ def test_dead_letter_queue_arguments_are_rejected(argument: str) -> None:
 
 def test_load_topology_rejects_a_file_with_dead_letter_arguments(tmp_path: Path) -> None:
     path = _write(
-        tmp_path, {"queues": [{"name": "q:a", "arguments": {"x-dead-letter-exchange": "dlx"}}]}
+        tmp_path,
+        _with_section(
+            {"queues": [{"name": "q:a", "arguments": {"x-dead-letter-exchange": "dlx"}}]}
+        ),
     )
     with pytest.raises(TopologyError, match=r"^queue 'q:a' sets \['x-dead-letter-exchange'\]"):
         load_topology(path)
@@ -236,14 +257,21 @@ def test_bad_json_raises_topology_error(tmp_path: Path) -> None:
 
 
 def test_missing_key_raises_topology_error(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"queues": [{"durable": True}]})
-    with pytest.raises(TopologyError, match=rf"^cannot load topology {path}: KeyError: 'name'$"):
+    # issue 23: the schema names the field (it used to be "KeyError: 'name'")
+    path = _write(tmp_path, _with_section({"queues": [{"durable": True}]}))
+    with pytest.raises(
+        TopologyError, match=rf"^cannot load topology {path}: queues\[2\]: missing name$"
+    ):
         load_topology(path)
 
 
 def test_wrong_shape_raises_topology_error(tmp_path: Path) -> None:
-    path = _write(tmp_path, {"queues": ["q:tasks"]})
-    with pytest.raises(TopologyError, match=rf"^cannot load topology {path}: TypeError: "):
+    # issue 23: the schema names the field (it used to be "TypeError: ...")
+    path = _write(tmp_path, _with_section({"queues": ["q:tasks"]}))
+    with pytest.raises(
+        TopologyError,
+        match=rf"^cannot load topology {path}: queues\[2\]: 'q:tasks' is not of type 'object'$",
+    ):
         load_topology(path)
 
 

@@ -36,7 +36,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from amqp_lab.connection import close_quietly, connect, translate
-from amqp_lab.dlq.view import time_of, view_of
+from amqp_lab.dlq.summary import time_of
+from amqp_lab.dlq.view import view_of
 from amqp_lab.errors import AmqpLabError, NotFound
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.model import Names
