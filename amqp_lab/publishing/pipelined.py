@@ -279,6 +279,15 @@ class PipelinedPublisher:
                 if self._in_flight <= self.window // 2:
                     self._room.notify_all()
 
+    @property
+    def failure(self) -> AmqpLabError | None:
+        """The error that ended this publisher for good (every later publish raises it), or
+        None while it works: reconnects ran out, the credentials or the vhost were refused,
+        the broker blocked the connection past its timeout, or its I/O thread stopped."""
+        if self._failure is None and not self._thread.is_alive() and not self._closing:
+            return PublishFailed("the publisher's I/O thread stopped")
+        return self._failure
+
     def close(self, flush_timeout: float = 60) -> None:
         """Wait up to ``flush_timeout`` seconds for what is in flight, then close the connection
         and stop the I/O thread; a message still without an outcome (a nack retry waiting

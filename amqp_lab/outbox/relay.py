@@ -1,0 +1,501 @@
+"""The relay: publishes committed outbox rows with publisher confirms and ``mandatory``.
+
+One loop on one thread: lease a batch (:meth:`~amqp_lab.outbox.store.OutboxStore.lease`),
+hand each chain's first row to a :class:`~amqp_lab.publishing.pipelined.PipelinedPublisher`
+(its confirm callbacks come back through a queue), hand a key's next row over once the
+previous one is confirmed (:class:`~amqp_lab.outbox.chains.ChainRun`), and record every
+row's outcome once its batch is settled (:meth:`~amqp_lab.outbox.store.OutboxStore.complete`).
+Up to ``batches`` batches are in flight, so leasing and recording overlap publishing.
+
+What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
+
+* the database is down or restarts: every store call raises OutboxUnavailable; the relay
+  retries with backoff and keeps its batches' outcomes until it can record them (a lease it
+  cannot renew expires: another relay publishes those rows again, a duplicate);
+* the broker closes, blocks or restarts: the publisher republishes what is unconfirmed (same
+  message_id) or fails it; a failed publisher is replaced after a backoff; rows without an
+  answer are ``lost`` and leased again; the credentials or the vhost refused are fatal;
+* the broker refuses a row: it stays with its error and holds its key's later rows only;
+* the relay is stopped: it waits ``drain_timeout`` for the confirms in flight, records, and
+  releases its leases; killed, its leases expire (SQLite: the next relay releases them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from amqp_lab.errors import (
+    AmqpLabError,
+    AuthenticationFailed,
+    OutboxError,
+    OutboxUnavailable,
+    VhostAccessDenied,
+)
+from amqp_lab.outbox.chains import ChainRun
+from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
+from amqp_lab.outbox.outcomes import RowResult, Verdict, describe, result_for
+from amqp_lab.outbox.row import RowUndecodable, message_of
+from amqp_lab.outbox.store import Lease, OutboxStore
+from amqp_lab.outbox.trace import end_relay_span, relay_message
+from amqp_lab.outbox.wake import NotifyListener, RelayLock
+from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
+from amqp_lab.publishing.pipelined import PipelinedPublisher
+from amqp_lab.retry.policy import full_jitter
+from amqp_lab.settings import BrokerSettings
+
+__all__ = ["OutboxRelay"]
+
+log = logging.getLogger(__name__)
+FATAL = (AuthenticationFailed, VhostAccessDenied)
+
+
+@dataclass
+class _Batch:
+    no: int
+    lease: Lease
+    run: ChainRun
+    started: float  # monotonic
+    results: dict[int, RowResult] = field(default_factory=dict)
+    spans: dict[int, Span | None] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def offset(self) -> float:
+        """The database's clock minus this host's, at the lease."""
+        return self.lease.db_now - self.lease.local_now
+
+
+class OutboxRelay:
+    """Relay the outbox at ``outbox`` (a SQLite path, ``sqlite:///PATH`` or a PostgreSQL URL)
+    to the broker of ``settings`` until :meth:`stop` (or ``config.idle_exit``).
+    ``observer`` gets each row's outcome and the status; ``publisher_observer`` the
+    publisher's events (:class:`~amqp_lab.observability.metrics.PublisherMetrics`);
+    ``on_report`` a :class:`~amqp_lab.outbox.observer.RelayReport` per row settled;
+    ``clock``: SQLite's time (epoch seconds)."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        outbox: str | Path,
+        config: RelayConfig | None = None,
+        *,
+        observer: RelayObserver = NO_RELAY_OBSERVER,
+        publisher_observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
+        on_report: Callable[[RelayReport], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings, self.outbox = settings, outbox
+        self.config = config = config or RelayConfig()
+        self.observer, self.publisher_observer = observer, publisher_observer
+        self.on_report, self.clock = on_report, clock
+        self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.sent = self.refused = self.lost = 0
+        self.stop_reason: str | None = None
+        self.failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._notified = threading.Event()
+        self._outcomes: queue.SimpleQueue[tuple[int, int, BaseException | None, float]] = (
+            queue.SimpleQueue()
+        )
+        self._store: OutboxStore | None = None
+        self._publisher: PipelinedPublisher | None = None
+        self._listener: NotifyListener | None = None
+        self._lock: RelayLock | None = None
+        self._batches: dict[int, _Batch] = {}
+        self._unrecorded: list[_Batch] = []
+        self._batch_no = 0
+        self._next_lease = 0.0  # monotonic: lease again from then on
+        self._store_ok_at = 0.0  # monotonic: the store's backoff ends
+        self._store_failures = 0
+        self._publisher_ok_at = 0.0
+        self._publisher_failures = 0
+        self._next_status = 0.0
+        self._next_renew = 0.0
+        self._started = 0.0
+        self._thread: threading.Thread | None = None
+
+    # --- control ---------------------------------------------------------------------------
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop from any thread: no new lease; the confirms in flight are awaited up to
+        ``drain_timeout``, outcomes recorded, leases released."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stopping.set()
+        self._wake.set()
+
+    def start_thread(self, on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        """Run on a daemon thread; a fatal error lands in :attr:`failure` and ``on_fatal``."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:  # the thread's end: hand it over, never lose it
+                self.failure = e
+                log.error("the outbox relay stopped: %s", describe(e))
+                if on_fatal is not None:
+                    on_fatal(e)
+
+        self._thread = threading.Thread(target=target, name="amqp-lab-outbox-relay", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread :meth:`start_thread` started."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        """Rows leased and not yet recorded."""
+        batches = [*self._batches.values(), *self._unrecorded]
+        return sum(len(b.lease.rows) for b in batches)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Relay until stopped; returns the rows sent. Raises AuthenticationFailed /
+        VhostAccessDenied (the broker refused the relay), OutboxError (the outbox cannot be
+        used: not an outage), ConfigurationError."""
+        self._started = self.clock()
+        idle_since = time.monotonic()
+        try:
+            self._open()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                busy = self._take_outcomes()
+                busy = self._record() or busy
+                busy = self._lease() or busy
+                self._housekeeping()
+                now = time.monotonic()
+                if busy or self._batches or self._unrecorded:
+                    idle_since = now
+                elif (
+                    self.config.idle_exit is not None and now - idle_since >= self.config.idle_exit
+                ):
+                    self.stop(f"idle for {self.config.idle_exit:g} s")
+                    break
+                if not busy:
+                    self._wake.wait(self._sleep_for(now))
+        finally:
+            self._shutdown()
+        return self.sent
+
+    def _open(self) -> None:
+        """The store (retried while the database is unreachable), the listener, the lock."""
+        while self._store is None and not self._stopping.is_set():
+            try:
+                self._store = OutboxStore(self.outbox, clock=self.clock)
+            except OutboxUnavailable as e:
+                self._store_down(e)
+                self._stopping.wait(max(0.0, self._store_ok_at - time.monotonic()))
+        store = self._store
+        if store is None:
+            return
+        if store.dialect == "postgresql" and self.config.listen:
+            self._listener = NotifyListener(store.target, self._on_notify).start()
+        if store.lock_path is not None:
+            self._lock = RelayLock(store.lock_path)
+
+    def _on_notify(self) -> None:
+        """On the listener's thread: a transaction that added rows committed."""
+        self._notified.set()
+        self._wake.set()
+
+    def _sleep_for(self, now: float) -> float:
+        deadlines = [self._next_lease, self._next_status, now + 1.0]
+        if self._batches:
+            deadlines.append(self._next_renew)
+        return max(0.001, min(deadlines) - now)
+
+    # --- outcomes ------------------------------------------------------------------------------
+    def _on_outcome(self, batch_no: int, row_id: int, error: BaseException | None) -> None:
+        """On the publisher's I/O thread: queue the outcome, wake the loop."""
+        self._outcomes.put((batch_no, row_id, error, time.time()))
+        self._wake.set()
+
+    def _callback(self, batch_no: int, row_id: int) -> Callable[[Any, Any], None]:
+        """The publisher's outcome callback for one row (called on its I/O thread)."""
+
+        def outcome(_message: Any, error: Any) -> None:
+            self._on_outcome(batch_no, row_id, error)
+
+        return outcome
+
+    def _take_outcomes(self) -> bool:
+        took = False
+        while True:
+            try:
+                batch_no, row_id, error, at = self._outcomes.get_nowait()
+            except queue.Empty:
+                return took
+            took = True
+            batch = self._batches.get(batch_no)
+            if batch is not None and row_id not in batch.results:
+                self._settle(batch, row_id, error, at)
+
+    def _settle(self, batch: _Batch, row_id: int, error: BaseException | None, at: float) -> None:
+        row = batch.lease.rows[row_id]
+        cfg = self.config
+        result = result_for(row_id, error, row.tries, cfg.retry_base, cfg.retry_cap)
+        batch.results[row_id] = result
+        end_relay_span(batch.spans.pop(row_id, None), error)
+        lag = None
+        if result.verdict is Verdict.SENT:
+            self.sent += 1
+            lag = max(0.0, at + batch.offset - row.due)
+        elif result.verdict is Verdict.REFUSED:
+            self.refused += 1
+            log.warning(
+                "outbox row message_id=%r key=%r refused (%s): %s",
+                row.message_id,
+                row.ordering_key,
+                "parked" if result.parked else f"next try in {result.wait:.1f} s",
+                result.error,
+            )
+        else:
+            self.lost += 1
+        self.observer.relayed(row, result.verdict, lag)
+        if self.on_report is not None:
+            outcome = result.verdict.value
+            self.on_report(
+                RelayReport(row.message_id, row.ordering_key, outcome, row.tries, result.error, lag)
+            )
+        following = batch.run.settle(row_id, result.verdict is Verdict.SENT)
+        if following is not None:
+            self._publish(batch, following)
+        if batch.run.done:
+            self._finish(batch)
+
+    def _finish(self, batch: _Batch) -> None:
+        if batch.finished:
+            return
+        batch.finished = True
+        for row_id in batch.run.unattempted():
+            batch.results[row_id] = RowResult(row_id, Verdict.UNATTEMPTED)
+        self._batches.pop(batch.no, None)
+        self._unrecorded.append(batch)
+
+    def _record(self) -> bool:
+        """Record finished batches' outcomes, oldest first; False when the store is down."""
+        store = self._store
+        if not self._unrecorded or store is None or time.monotonic() < self._store_ok_at:
+            return False
+        while self._unrecorded:
+            batch = self._unrecorded[0]
+            try:
+                store.complete(
+                    self.relay_id, list(batch.results.values()), self.config.keep_sent > 0
+                )
+            except OutboxUnavailable as e:
+                self._store_down(e)
+                return False
+            self._store_up()
+            self._unrecorded.pop(0)
+            self._next_lease = 0.0  # the keys it held may have rows ready now
+        return True
+
+    # --- leasing and publishing ----------------------------------------------------------------
+    def _lease(self) -> bool:
+        store, now = self._store, time.monotonic()
+        if (
+            store is None
+            or self._stopping.is_set()
+            or len(self._batches) >= self.config.batches
+            or now < self._store_ok_at
+            or (now < self._next_lease and not self._notified.is_set())
+            or not self._hold_lock(store)
+            or not self._ensure_publisher()
+        ):
+            return False
+        self._notified.clear()
+        exclude = sorted(
+            {r for b in (*self._batches.values(), *self._unrecorded) for r in b.lease.rows}
+        )
+        try:
+            lease = store.lease(
+                self.relay_id,
+                self.config.lease,
+                self.config.batch_rows,
+                self.config.batch_bytes,
+                exclude,
+            )
+            if not lease.rows:
+                wait = store.next_due(exclude)
+        except OutboxUnavailable as e:
+            self._store_down(e)
+            return False
+        self._store_up()
+        if not lease.rows:
+            poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
+            self._next_lease = now + (poll if wait is None else max(0.0, min(poll, wait)))
+            return False
+        self._batch_no += 1
+        batch = _Batch(self._batch_no, lease, ChainRun(lease.chains), now)
+        self._batches[batch.no] = batch
+        if not self._next_renew:
+            self._next_renew = now + self.config.lease / 3
+        for row_id in batch.run.start():
+            self._publish(batch, row_id)
+        if batch.run.done:
+            self._finish(batch)
+        return True
+
+    def _publish(self, batch: _Batch, row_id: int) -> None:
+        row = batch.lease.rows[row_id]
+        publisher = self._publisher
+        try:
+            message = message_of(row)
+        except RowUndecodable as e:
+            self._settle(batch, row_id, e, time.time())
+            return
+        message, span = relay_message(message, row.traceparent, row.tracestate)
+        batch.spans[row_id] = span
+        failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
+        if publisher is None or failure is not None:
+            self._settle(batch, row_id, failure, time.time())
+            return
+        try:
+            publisher.publish_async(message, self._callback(batch.no, row_id))
+        except AmqpLabError as e:  # the publisher failed for good meanwhile
+            self._settle(batch, row_id, e, time.time())
+
+    def _ensure_publisher(self) -> bool:
+        """A working publisher: the current one, or a new one after a backoff. Raises the
+        broker's refusal of the credentials or the vhost."""
+        publisher = self._publisher
+        if publisher is not None and publisher.failure is None:
+            return True
+        if publisher is not None:
+            log.warning("the relay's publisher failed (%s); reconnecting", publisher.failure)
+            self._drop_publisher()
+        if time.monotonic() < self._publisher_ok_at:
+            return False
+        try:
+            self._publisher = PipelinedPublisher(
+                self.settings, window=self.config.window, observer=self.publisher_observer
+            )
+        except FATAL:
+            raise
+        except AmqpLabError as e:
+            self._publisher_failures += 1
+            delay = full_jitter(min(self._publisher_failures, 8), 0.5, 10.0)
+            self._publisher_ok_at = time.monotonic() + delay
+            if self._publisher_failures == 1:
+                log.warning("the relay cannot reach the broker (%s); retrying", describe(e))
+            return False
+        if self._publisher_failures:
+            log.warning("the relay reached the broker again")
+        self._publisher_failures = 0
+        return True
+
+    def _drop_publisher(self) -> None:
+        """Close the publisher: every publish without an outcome fails now (lost)."""
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            try:
+                publisher.close(flush_timeout=0)
+            except Exception as e:  # closing a dead connection must not stop the relay
+                log.debug("closing the publisher: %s", e)
+
+    def _hold_lock(self, store: OutboxStore) -> bool:
+        """SQLite: whether this relay holds the one-relay lock (taking it when free, then
+        releasing the leases the last holder left). Always True on PostgreSQL."""
+        lock = self._lock
+        if lock is None or lock.held:
+            return True
+        try:
+            if not lock.try_acquire():
+                self._next_lease = time.monotonic() + (self.config.poll or 0.25)
+                return False
+            released = store.reset_leases()
+        except OutboxUnavailable as e:
+            lock.release()
+            self._store_down(e)
+            return False
+        except OSError as e:
+            raise OutboxError(f"cannot open the relay lock {lock.path}: {e}") from e
+        log.info("relay lock %s taken; %d stale lease(s) released", lock.path, released)
+        return True
+
+    # --- housekeeping ----------------------------------------------------------------------------
+    def _housekeeping(self) -> None:
+        store, now = self._store, time.monotonic()
+        if store is None or now < self._store_ok_at:
+            return
+        try:
+            if self._batches and now >= self._next_renew:
+                ids = [r for b in self._batches.values() for r in b.lease.rows]
+                store.renew(self.relay_id, ids, self.config.lease)
+                self._next_renew = now + self.config.lease / 3
+            if now >= self._next_status:
+                self._next_status = now + self.config.status_interval
+                store.heartbeat(self.relay_id, self._started)
+                self.observer.status(store.status())
+                if self.config.keep_sent > 0:
+                    store.purge_sent(store.now() - self.config.keep_sent)
+        except OutboxUnavailable as e:
+            self._store_down(e)
+        for batch in list(self._batches.values()):
+            if now - batch.started > self.config.publish_timeout:
+                log.warning(
+                    "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
+                    "replaced and its rows go again",
+                    len(batch.lease.rows),
+                    now - batch.started,
+                )
+                self._drop_publisher()
+                break
+
+    def _store_down(self, error: BaseException) -> None:
+        self._store_failures += 1
+        delay = full_jitter(min(self._store_failures, 8), 0.2, 5.0)
+        self._store_ok_at = time.monotonic() + max(0.05, delay)
+        if self._store_failures == 1:
+            log.warning("the outbox database is unavailable (%s); retrying", describe(error))
+
+    def _store_up(self) -> None:
+        if self._store_failures:
+            log.warning("the outbox database is back")
+        self._store_failures = 0
+
+    # --- the end ---------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.config.drain_timeout
+        while self._batches and time.monotonic() < deadline:
+            self._take_outcomes()
+            self._wake.wait(0.05)
+            self._wake.clear()
+        self._drop_publisher()  # what is still in flight fails now: lost
+        self._take_outcomes()
+        for batch in list(self._batches.values()):
+            for row_id in list(batch.run.rows()):
+                if row_id not in batch.results and row_id not in batch.run.unattempted():
+                    self._settle(batch, row_id, OutboxUnavailable("the relay stopped"), time.time())
+            self._finish(batch)
+        store = self._store
+        while store is not None and self._unrecorded and time.monotonic() < deadline:
+            self._store_ok_at = 0.0
+            if not self._record():
+                time.sleep(0.2)
+        if store is not None:
+            try:
+                store.release_all(self.relay_id)
+                store.forget_relay(self.relay_id)
+            except OutboxError as e:
+                log.warning("the relay could not release its leases (%s): they expire", describe(e))
+            store.close()
+        if self._listener is not None:
+            self._listener.stop()
+        if self._lock is not None:
+            self._lock.release()
