@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from opentelemetry.trace import Span
 
 from amqp_lab.errors import (
     AmqpLabError,
@@ -43,12 +38,10 @@ from amqp_lab.errors import (
     OutboxUnavailable,
     VhostAccessDenied,
 )
-from amqp_lab.outbox.chains import ChainRun
+from amqp_lab.outbox.flight import Flight
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
-from amqp_lab.outbox.outcomes import RowResult, Verdict, describe, result_for
-from amqp_lab.outbox.row import RowUndecodable, message_of
-from amqp_lab.outbox.store import Lease, OutboxStore
-from amqp_lab.outbox.trace import end_relay_span, relay_message
+from amqp_lab.outbox.outcomes import describe
+from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.outbox.wake import NotifyListener, RelayLock
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
 from amqp_lab.publishing.pipelined import PipelinedPublisher
@@ -59,22 +52,6 @@ __all__ = ["OutboxRelay"]
 
 log = logging.getLogger(__name__)
 FATAL = (AuthenticationFailed, VhostAccessDenied)
-
-
-@dataclass
-class _Batch:
-    no: int
-    lease: Lease
-    run: ChainRun
-    started: float  # monotonic
-    results: dict[int, RowResult] = field(default_factory=dict)
-    spans: dict[int, Span | None] = field(default_factory=dict)
-    finished: bool = False
-
-    @property
-    def offset(self) -> float:
-        """The database's clock minus this host's, at the lease."""
-        return self.lease.db_now - self.lease.local_now
 
 
 class OutboxRelay:
@@ -96,27 +73,19 @@ class OutboxRelay:
         on_report: Callable[[RelayReport], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings, self.outbox = settings, outbox
+        self.settings, self.outbox, self.clock = settings, outbox, clock
         self.config = config = config or RelayConfig()
         self.observer, self.publisher_observer = observer, publisher_observer
-        self.on_report, self.clock = on_report, clock
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.sent = self.refused = self.lost = 0
         self.stop_reason: str | None = None
         self.failure: BaseException | None = None
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._notified = threading.Event()
-        self._outcomes: queue.SimpleQueue[tuple[int, int, BaseException | None, float]] = (
-            queue.SimpleQueue()
-        )
+        self.flight = Flight(config, observer, on_report, self._wake.set)
         self._store: OutboxStore | None = None
-        self._publisher: PipelinedPublisher | None = None
         self._listener: NotifyListener | None = None
         self._lock: RelayLock | None = None
-        self._batches: dict[int, _Batch] = {}
-        self._unrecorded: list[_Batch] = []
-        self._batch_no = 0
         self._next_lease = 0.0  # monotonic: lease again from then on
         self._store_ok_at = 0.0  # monotonic: the store's backoff ends
         self._store_failures = 0
@@ -126,6 +95,21 @@ class OutboxRelay:
         self._next_renew = 0.0
         self._started = 0.0
         self._thread: threading.Thread | None = None
+
+    @property
+    def sent(self) -> int:
+        """Rows the broker confirmed."""
+        return self.flight.sent
+
+    @property
+    def refused(self) -> int:
+        """Publishes the broker refused."""
+        return self.flight.refused
+
+    @property
+    def lost(self) -> int:
+        """Publishes without an answer (to go again)."""
+        return self.flight.lost
 
     # --- control ---------------------------------------------------------------------------
     def stop(self, reason: str = "stopped") -> None:
@@ -159,8 +143,7 @@ class OutboxRelay:
     @property
     def in_flight(self) -> int:
         """Rows leased and not yet recorded."""
-        batches = [*self._batches.values(), *self._unrecorded]
-        return sum(len(b.lease.rows) for b in batches)
+        return len(self.flight.held())
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -168,22 +151,20 @@ class OutboxRelay:
         VhostAccessDenied (the broker refused the relay), OutboxError (the outbox cannot be
         used: not an outage), ConfigurationError."""
         self._started = self.clock()
-        idle_since = time.monotonic()
+        idle_since, idle = time.monotonic(), self.config.idle_exit
         try:
             self._open()
             while not self._stopping.is_set():
                 self._wake.clear()
-                busy = self._take_outcomes()
+                busy = self.flight.take_outcomes()
                 busy = self._record() or busy
                 busy = self._lease() or busy
                 self._housekeeping()
                 now = time.monotonic()
-                if busy or self._batches or self._unrecorded:
+                if busy or self.flight.batches or self.flight.unrecorded:
                     idle_since = now
-                elif (
-                    self.config.idle_exit is not None and now - idle_since >= self.config.idle_exit
-                ):
-                    self.stop(f"idle for {self.config.idle_exit:g} s")
+                elif idle is not None and now - idle_since >= idle:
+                    self.stop(f"idle for {idle:g} s")
                     break
                 if not busy:
                     self._wake.wait(self._sleep_for(now))
@@ -214,94 +195,26 @@ class OutboxRelay:
 
     def _sleep_for(self, now: float) -> float:
         deadlines = [self._next_lease, self._next_status, now + 1.0]
-        if self._batches:
+        if self.flight.batches:
             deadlines.append(self._next_renew)
         return max(0.001, min(deadlines) - now)
 
-    # --- outcomes ------------------------------------------------------------------------------
-    def _on_outcome(self, batch_no: int, row_id: int, error: BaseException | None) -> None:
-        """On the publisher's I/O thread: queue the outcome, wake the loop."""
-        self._outcomes.put((batch_no, row_id, error, time.time()))
-        self._wake.set()
-
-    def _callback(self, batch_no: int, row_id: int) -> Callable[[Any, Any], None]:
-        """The publisher's outcome callback for one row (called on its I/O thread)."""
-
-        def outcome(_message: Any, error: Any) -> None:
-            self._on_outcome(batch_no, row_id, error)
-
-        return outcome
-
-    def _take_outcomes(self) -> bool:
-        took = False
-        while True:
-            try:
-                batch_no, row_id, error, at = self._outcomes.get_nowait()
-            except queue.Empty:
-                return took
-            took = True
-            batch = self._batches.get(batch_no)
-            if batch is not None and row_id not in batch.results:
-                self._settle(batch, row_id, error, at)
-
-    def _settle(self, batch: _Batch, row_id: int, error: BaseException | None, at: float) -> None:
-        row = batch.lease.rows[row_id]
-        cfg = self.config
-        result = result_for(row_id, error, row.tries, cfg.retry_base, cfg.retry_cap)
-        batch.results[row_id] = result
-        end_relay_span(batch.spans.pop(row_id, None), error)
-        lag = None
-        if result.verdict is Verdict.SENT:
-            self.sent += 1
-            lag = max(0.0, at + batch.offset - row.due)
-        elif result.verdict is Verdict.REFUSED:
-            self.refused += 1
-            log.warning(
-                "outbox row message_id=%r key=%r refused (%s): %s",
-                row.message_id,
-                row.ordering_key,
-                "parked" if result.parked else f"next try in {result.wait:.1f} s",
-                result.error,
-            )
-        else:
-            self.lost += 1
-        self.observer.relayed(row, result.verdict, lag)
-        if self.on_report is not None:
-            outcome = result.verdict.value
-            self.on_report(
-                RelayReport(row.message_id, row.ordering_key, outcome, row.tries, result.error, lag)
-            )
-        following = batch.run.settle(row_id, result.verdict is Verdict.SENT)
-        if following is not None:
-            self._publish(batch, following)
-        if batch.run.done:
-            self._finish(batch)
-
-    def _finish(self, batch: _Batch) -> None:
-        if batch.finished:
-            return
-        batch.finished = True
-        for row_id in batch.run.unattempted():
-            batch.results[row_id] = RowResult(row_id, Verdict.UNATTEMPTED)
-        self._batches.pop(batch.no, None)
-        self._unrecorded.append(batch)
-
+    # --- outcomes --------------------------------------------------------------------------------
     def _record(self) -> bool:
         """Record finished batches' outcomes, oldest first; False when the store is down."""
         store = self._store
-        if not self._unrecorded or store is None or time.monotonic() < self._store_ok_at:
+        waiting = self.flight.unrecorded
+        if not waiting or store is None or time.monotonic() < self._store_ok_at:
             return False
-        while self._unrecorded:
-            batch = self._unrecorded[0]
+        while waiting:
+            results = list(waiting[0].results.values())
             try:
-                store.complete(
-                    self.relay_id, list(batch.results.values()), self.config.keep_sent > 0
-                )
+                store.complete(self.relay_id, results, self.config.keep_sent > 0)
             except OutboxUnavailable as e:
                 self._store_down(e)
                 return False
             self._store_up()
-            self._unrecorded.pop(0)
+            waiting.pop(0)
             self._next_lease = 0.0  # the keys it held may have rows ready now
         return True
 
@@ -311,7 +224,7 @@ class OutboxRelay:
         if (
             store is None
             or self._stopping.is_set()
-            or len(self._batches) >= self.config.batches
+            or len(self.flight.batches) >= self.config.batches
             or now < self._store_ok_at
             or (now < self._next_lease and not self._notified.is_set())
             or not self._hold_lock(store)
@@ -319,17 +232,9 @@ class OutboxRelay:
         ):
             return False
         self._notified.clear()
-        exclude = sorted(
-            {r for b in (*self._batches.values(), *self._unrecorded) for r in b.lease.rows}
-        )
+        exclude, cfg = self.flight.held(), self.config
         try:
-            lease = store.lease(
-                self.relay_id,
-                self.config.lease,
-                self.config.batch_rows,
-                self.config.batch_bytes,
-                exclude,
-            )
+            lease = store.lease(self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude)
             if not lease.rows:
                 wait = store.next_due(exclude)
         except OutboxUnavailable as e:
@@ -340,40 +245,15 @@ class OutboxRelay:
             poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
             self._next_lease = now + (poll if wait is None else max(0.0, min(poll, wait)))
             return False
-        self._batch_no += 1
-        batch = _Batch(self._batch_no, lease, ChainRun(lease.chains), now)
-        self._batches[batch.no] = batch
-        if not self._next_renew:
+        if not self.flight.batches:
             self._next_renew = now + self.config.lease / 3
-        for row_id in batch.run.start():
-            self._publish(batch, row_id)
-        if batch.run.done:
-            self._finish(batch)
+        self.flight.start(lease)
         return True
-
-    def _publish(self, batch: _Batch, row_id: int) -> None:
-        row = batch.lease.rows[row_id]
-        publisher = self._publisher
-        try:
-            message = message_of(row)
-        except RowUndecodable as e:
-            self._settle(batch, row_id, e, time.time())
-            return
-        message, span = relay_message(message, row.traceparent, row.tracestate)
-        batch.spans[row_id] = span
-        failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
-        if publisher is None or failure is not None:
-            self._settle(batch, row_id, failure, time.time())
-            return
-        try:
-            publisher.publish_async(message, self._callback(batch.no, row_id))
-        except AmqpLabError as e:  # the publisher failed for good meanwhile
-            self._settle(batch, row_id, e, time.time())
 
     def _ensure_publisher(self) -> bool:
         """A working publisher: the current one, or a new one after a backoff. Raises the
         broker's refusal of the credentials or the vhost."""
-        publisher = self._publisher
+        publisher = self.flight.publisher
         if publisher is not None and publisher.failure is None:
             return True
         if publisher is not None:
@@ -382,7 +262,7 @@ class OutboxRelay:
         if time.monotonic() < self._publisher_ok_at:
             return False
         try:
-            self._publisher = PipelinedPublisher(
+            self.flight.publisher = PipelinedPublisher(
                 self.settings, window=self.config.window, observer=self.publisher_observer
             )
         except FATAL:
@@ -401,7 +281,7 @@ class OutboxRelay:
 
     def _drop_publisher(self) -> None:
         """Close the publisher: every publish without an outcome fails now (lost)."""
-        publisher, self._publisher = self._publisher, None
+        publisher, self.flight.publisher = self.flight.publisher, None
         if publisher is not None:
             try:
                 publisher.close(flush_timeout=0)
@@ -434,9 +314,8 @@ class OutboxRelay:
         if store is None or now < self._store_ok_at:
             return
         try:
-            if self._batches and now >= self._next_renew:
-                ids = [r for b in self._batches.values() for r in b.lease.rows]
-                store.renew(self.relay_id, ids, self.config.lease)
+            if self.flight.batches and now >= self._next_renew:
+                store.renew(self.relay_id, self.flight.in_flight(), self.config.lease)
                 self._next_renew = now + self.config.lease / 3
             if now >= self._next_status:
                 self._next_status = now + self.config.status_interval
@@ -446,16 +325,15 @@ class OutboxRelay:
                     store.purge_sent(store.now() - self.config.keep_sent)
         except OutboxUnavailable as e:
             self._store_down(e)
-        for batch in list(self._batches.values()):
-            if now - batch.started > self.config.publish_timeout:
-                log.warning(
-                    "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
-                    "replaced and its rows go again",
-                    len(batch.lease.rows),
-                    now - batch.started,
-                )
-                self._drop_publisher()
-                break
+        stuck = self.flight.stuck(now, self.config.publish_timeout)
+        if stuck is not None:
+            log.warning(
+                "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
+                "replaced and its rows go again",
+                len(stuck.lease.rows),
+                now - stuck.started,
+            )
+            self._drop_publisher()
 
     def _store_down(self, error: BaseException) -> None:
         self._store_failures += 1
@@ -472,19 +350,14 @@ class OutboxRelay:
     # --- the end ---------------------------------------------------------------------------------
     def _shutdown(self) -> None:
         deadline = time.monotonic() + self.config.drain_timeout
-        while self._batches and time.monotonic() < deadline:
-            self._take_outcomes()
+        while self.flight.batches and time.monotonic() < deadline:
+            self.flight.take_outcomes()
             self._wake.wait(0.05)
             self._wake.clear()
         self._drop_publisher()  # what is still in flight fails now: lost
-        self._take_outcomes()
-        for batch in list(self._batches.values()):
-            for row_id in list(batch.run.rows()):
-                if row_id not in batch.results and row_id not in batch.run.unattempted():
-                    self._settle(batch, row_id, OutboxUnavailable("the relay stopped"), time.time())
-            self._finish(batch)
+        self.flight.give_up()
         store = self._store
-        while store is not None and self._unrecorded and time.monotonic() < deadline:
+        while store is not None and self.flight.unrecorded and time.monotonic() < deadline:
             self._store_ok_at = 0.0
             if not self._record():
                 time.sleep(0.2)

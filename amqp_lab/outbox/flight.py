@@ -1,0 +1,188 @@
+"""A relay's batches in flight: each row handed to the publisher, its outcome, the next row of
+its chain, and the finished batches waiting to be recorded.
+
+The publisher's outcome callbacks run on its I/O thread and only queue the outcome (a
+callback must not publish: it would wait for window room only that thread frees); the relay's
+loop takes them with :meth:`Flight.take_outcomes`, on its own thread, and hands the chain's
+next row over from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from amqp_lab.errors import AmqpLabError, OutboxUnavailable
+from amqp_lab.outbox.chains import ChainRun
+from amqp_lab.outbox.observer import RelayConfig, RelayObserver, RelayReport
+from amqp_lab.outbox.outcomes import RowResult, Verdict, result_for
+from amqp_lab.outbox.row import RowUndecodable, message_of
+from amqp_lab.outbox.store import Lease
+from amqp_lab.outbox.trace import end_relay_span, relay_message
+from amqp_lab.publishing.pipelined import PipelinedPublisher
+
+__all__ = ["Batch", "Flight"]
+
+log = logging.getLogger("amqp_lab.outbox.relay")
+
+
+@dataclass
+class Batch:
+    """One leased batch: its chains' progress (``run``), when it started (monotonic), each
+    settled row's result and each row's open ``publish`` span."""
+
+    no: int
+    lease: Lease
+    run: ChainRun
+    started: float
+    results: dict[int, RowResult] = field(default_factory=dict)
+    spans: dict[int, Span | None] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def offset(self) -> float:
+        """The database's clock minus this host's, at the lease."""
+        return self.lease.db_now - self.lease.local_now
+
+
+class Flight:
+    """The batches of one relay in flight. ``wake()`` is called (on the publisher's thread)
+    when an outcome arrives; ``observer`` and ``on_report`` get each row's outcome."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        observer: RelayObserver,
+        on_report: Callable[[RelayReport], None] | None,
+        wake: Callable[[], None],
+    ) -> None:
+        self.config, self.observer, self.on_report, self.wake = config, observer, on_report, wake
+        self.publisher: PipelinedPublisher | None = None
+        self.batches: dict[int, Batch] = {}
+        self.unrecorded: list[Batch] = []
+        self.sent = self.refused = self.lost = 0
+        self._outcomes: queue.SimpleQueue[tuple[int, int, Any, float]] = queue.SimpleQueue()
+        self._numbers = 0
+
+    def held(self) -> list[int]:
+        """Every row leased and not yet recorded (in flight, or settled and waiting)."""
+        return sorted(r for b in (*self.batches.values(), *self.unrecorded) for r in b.lease.rows)
+
+    def in_flight(self) -> list[int]:
+        """The rows of the batches not finished (their leases are to be renewed)."""
+        return [r for b in self.batches.values() for r in b.lease.rows]
+
+    def stuck(self, now: float, timeout: float) -> Batch | None:
+        """A batch in flight for more than ``timeout`` seconds (monotonic ``now``), if any."""
+        return next((b for b in self.batches.values() if now - b.started > timeout), None)
+
+    def start(self, lease: Lease) -> None:
+        """Hand every chain's first row of ``lease`` to the publisher."""
+        self._numbers += 1
+        batch = Batch(self._numbers, lease, ChainRun(lease.chains), time.monotonic())
+        self.batches[batch.no] = batch
+        for row_id in batch.run.start():
+            self._publish(batch, row_id)
+        if batch.run.done:
+            self._finish(batch)
+
+    def take_outcomes(self) -> bool:
+        """Settle the outcomes that arrived; whether there were any."""
+        took = False
+        while True:
+            try:
+                batch_no, row_id, error, at = self._outcomes.get_nowait()
+            except queue.Empty:
+                return took
+            took = True
+            batch = self.batches.get(batch_no)
+            if batch is not None and row_id not in batch.results:
+                self._settle(batch, row_id, error, at)
+
+    def give_up(self) -> None:
+        """Settle every row still in flight as lost (the publisher is gone) and finish every
+        batch."""
+        self.take_outcomes()
+        for batch in list(self.batches.values()):
+            settled, untried = set(batch.results), set(batch.run.unattempted())
+            for row_id in batch.run.rows():
+                if row_id not in settled and row_id not in untried and not batch.finished:
+                    self._settle(batch, row_id, OutboxUnavailable("the relay stopped"), time.time())
+            self._finish(batch)
+
+    def _on_outcome(self, batch_no: int, row_id: int, error: Any) -> None:
+        self._outcomes.put((batch_no, row_id, error, time.time()))
+        self.wake()
+
+    def _callback(self, batch_no: int, row_id: int) -> Callable[[Any, Any], None]:
+        def outcome(_message: Any, error: Any) -> None:
+            self._on_outcome(batch_no, row_id, error)
+
+        return outcome
+
+    def _publish(self, batch: Batch, row_id: int) -> None:
+        row = batch.lease.rows[row_id]
+        publisher = self.publisher
+        try:
+            message = message_of(row)
+        except RowUndecodable as e:
+            self._settle(batch, row_id, e, time.time())
+            return
+        message, span = relay_message(message, row.traceparent, row.tracestate)
+        batch.spans[row_id] = span
+        failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
+        if publisher is None or failure is not None:
+            self._settle(batch, row_id, failure, time.time())
+            return
+        try:
+            publisher.publish_async(message, self._callback(batch.no, row_id))
+        except AmqpLabError as e:  # the publisher failed for good meanwhile
+            self._settle(batch, row_id, e, time.time())
+
+    def _settle(self, batch: Batch, row_id: int, error: BaseException | None, at: float) -> None:
+        row = batch.lease.rows[row_id]
+        cfg = self.config
+        result = result_for(row_id, error, row.tries, cfg.retry_base, cfg.retry_cap)
+        batch.results[row_id] = result
+        end_relay_span(batch.spans.pop(row_id, None), error)
+        lag = None
+        if result.verdict is Verdict.SENT:
+            self.sent += 1
+            lag = max(0.0, at + batch.offset - row.due)
+        elif result.verdict is Verdict.REFUSED:
+            self.refused += 1
+            log.warning(
+                "outbox row message_id=%r key=%r refused (%s): %s",
+                row.message_id,
+                row.ordering_key,
+                "parked" if result.parked else f"next try in {result.wait:.1f} s",
+                result.error,
+            )
+        else:
+            self.lost += 1
+        self.observer.relayed(row, result.verdict, lag)
+        if self.on_report is not None:
+            outcome = result.verdict.value
+            self.on_report(
+                RelayReport(row.message_id, row.ordering_key, outcome, row.tries, result.error, lag)
+            )
+        following = batch.run.settle(row_id, result.verdict is Verdict.SENT)
+        if following is not None:
+            self._publish(batch, following)
+        if batch.run.done:
+            self._finish(batch)
+
+    def _finish(self, batch: Batch) -> None:
+        if batch.finished:
+            return
+        batch.finished = True
+        for row_id in batch.run.unattempted():
+            batch.results[row_id] = RowResult(row_id, Verdict.UNATTEMPTED)
+        self.batches.pop(batch.no, None)
+        self.unrecorded.append(batch)
