@@ -28,6 +28,7 @@ from amqp_lab.cli.common import (
     settings_from_env,
     topology_from,
 )
+from amqp_lab.cli.relay import add_outbox_options, start_worker_relay
 from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.consuming.consumer import Consumer, ConsumerConfig, DeliveryReport
 from amqp_lab.consuming.handler_contract import check_handler
@@ -243,6 +244,7 @@ def main(
         help="do not check (management API, at every connection) that the wait queues and DLX "
         "can bring messages back and that the DLQ keeps every record it confirmed",
     )
+    add_outbox_options(parser)
     args = parser.parse_args(argv)
     topology = topology_from(args)
     names = topology.names
@@ -324,7 +326,8 @@ def main(
             url=f"http://{args.metrics_host}:{server.server_port}/metrics",
         )
     handler = check_handler(load_callable(args.handler), args.handler)
-    store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir))
+    store_url = args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir)
+    store = open_store(store_url)
     purger = PeriodicPurge(store, retention, args.purge_interval).start()
     config = ConsumerConfig(
         names,
@@ -375,11 +378,13 @@ def main(
         print(text, file=sys.stderr, flush=True)
 
     drain = SignalDrain(consumer, on_signal=on_signal)
+    relay = start_worker_relay(args, settings, store_url, registry, consumer.stop)
     try:
         with drain:
             handled = consumer.run()
     finally:
         purger.stop()
+        relay.stop()  # drains; raises what stopped it
         store.close()
     why = consumer.stop_reason or "finished"
     say(
