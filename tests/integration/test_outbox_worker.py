@@ -5,9 +5,9 @@ the outbox in the health check."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
-import itertools
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
