@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amqp_lab.health import queue_health
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology
@@ -224,6 +225,7 @@ def run_outbox_chaos(
                 f"worker-b-{i}",
                 [*worker, "--topology", str(STAGE_B_TOPOLOGY), "--handler", f"{HANDLERS}:stage_b"],
             )
+        _wait_ready(settings, app, stage, plan, processes, log)
         txns = plan_transactions(
             plan.transactions, plan.keys, rng, plan.rollback_every, plan.schedule_every
         )
@@ -306,6 +308,45 @@ def run_outbox_chaos(
     complete = producers.done == len(txns) and not producers.crashed
     summary["invariant_holds"] = outbox_invariant_holds(summary) and fired and complete
     return summary
+
+
+def _wait_ready(
+    settings: BrokerSettings,
+    app: str,
+    stage: str,
+    plan: OutboxChaosPlan,
+    processes: Processes,
+    log: Callable[[str], None],
+    timeout: float = 90,
+) -> None:
+    """Wait until every worker consumes every shard of its stage and every relay has written
+    its heartbeat (the stage-A workers' relays too): chaos starts on a running system, not on
+    processes still importing - a worker whose database is down while it starts exits."""
+    shards = [
+        *with_ordered(load_topology(), plan.shards).names.shard_queues,
+        *with_ordered(load_topology(STAGE_B_TOPOLOGY), plan.shards).names.shard_queues,
+    ]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in processes.restart_exited():
+            log(line)
+        try:
+            consuming = all(queue_health(settings, q).consumers >= plan.workers for q in shards)
+            relaying = [len(_status(url).relays) for url in (app, stage)]
+        except Exception:  # still starting
+            consuming, relaying = False, [0, 0]
+        if consuming and relaying[0] >= plan.relays and relaying[1] >= 1:
+            return
+        time.sleep(0.3)
+    log("warning: not every worker and relay was up within 90 s; starting anyway")
+
+
+def _status(url: str) -> Any:
+    store = OutboxStore(url)
+    try:
+        return store.status()
+    finally:
+        store.close()
 
 
 def _drained(app: str, stage: str) -> bool:
