@@ -152,7 +152,7 @@ def relayed(
     try:
         fill(url, queue, n, keys, f"r{uuid.uuid4().hex[:6]}")
         counting = Counting(n)
-        config = RelayConfig(batch_rows=args.batch, window=args.window, poll=0.05)
+        config = RelayConfig(batch_rows=args.batch, window=args.window)
         relay = OutboxRelay(settings, url, config, observer=counting)
         started = time.perf_counter()
         relay.start_thread()

@@ -52,19 +52,19 @@ class OutboxAdmin(OutboxDb):
     """After :meth:`status`: the earliest future time a pending row becomes due (or None)."""
 
     def next_due(self, exclude: Sequence[int] = ()) -> float | None:
-        """The earliest ``available_at`` of pending rows not leased by a live lease and not in
-        ``exclude`` (None: none), on the database's clock."""
+        """Seconds until the earliest pending row not yet due becomes due - a scheduled row,
+        or a refused one's next try - among rows not in ``exclude`` (None: none is ahead).
+        Parked rows never become due."""
 
         def work(db: HandlerDb) -> float | None:
             now = self._now(db)
             kept, params = in_list(self.dialect, "id", exclude, negate=True)
             row = db.execute(
                 "SELECT min(available_at) FROM amqp_lab_outbox WHERE sent_at IS NULL"
-                f" AND available_at < 1e300 AND (lease_until IS NULL OR lease_until <= ?)"
-                f" AND {kept}",
+                f" AND available_at > ? AND available_at < 1e300 AND {kept}",
                 (now, *params),
             ).fetchone()
-            return None if row[0] is None else number(row[0], now)
+            return None if row[0] is None else max(0.0, number(row[0], now) - now)
 
         return self._run("read the next due time of", work)
 

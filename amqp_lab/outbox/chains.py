@@ -1,7 +1,10 @@
 """Which rows a relay publishes, and when (pure: no I/O).
 
 A key's rows go out in id order (its commit order, :mod:`amqp_lab.outbox.schema`), one at a
-time: a row is handed to the publisher only once the broker confirmed the key's previous row.
+time: a row is handed to the publisher only once the broker confirmed the key's previous row -
+also across batches: a relay may lease the next rows of a key it holds while the key's earlier
+chain is still in flight, and that chain is deferred until the earlier one is confirmed to its
+end (dropped, untried, if it fails).
 Publisher confirms say a message is in its queues, so the key's messages are enqueued in that
 order, and the shard's consumer applies them in it. Rows of different keys - and rows without
 a key - are independent and go out pipelined.
@@ -110,12 +113,32 @@ class ChainRun:
         self._out: set[int] = set()  # handed out, not settled
         self._settled: set[int] = set()
         self._stopped: set[int] = set()  # chains stopped by a failure
+        self._deferred: set[int] = set()  # chains waiting for their key's earlier rows
 
-    def start(self) -> list[int]:
-        """Every chain's first row (hand them to the publisher now)."""
-        heads = [chain[0] for chain in self._chains]
+    def start(self, defer: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """Every chain's first row (hand them to the publisher now), but the chains whose
+        first row is in ``defer``: they wait for :meth:`resume` (their key's earlier rows are
+        still in flight in another batch) or :meth:`drop`."""
+        heads = []
+        for c, chain in enumerate(self._chains):
+            if chain[0] in defer:
+                self._deferred.add(c)
+            else:
+                heads.append(chain[0])
         self._out.update(heads)
         return heads
+
+    def resume(self, first: int) -> int:
+        """Hand out the deferred chain starting at ``first``; its first row."""
+        c, _ = self._place[first]
+        self._deferred.remove(c)
+        self._out.add(first)
+        return first
+
+    def drop(self, first: int) -> None:
+        """Give up the deferred chain starting at ``first``: its rows stay unattempted."""
+        c, _ = self._place[first]
+        self._deferred.discard(c)
 
     def settle(self, row_id: int, sent: bool) -> int | None:
         """Record ``row_id``'s outcome (``sent``: the broker confirmed it); the chain's next
@@ -141,8 +164,13 @@ class ChainRun:
 
     @property
     def done(self) -> bool:
-        """Whether no row is in flight and none is left to hand out."""
-        return not self._out
+        """Whether no row is in flight and none is left to hand out (no chain deferred)."""
+        return not self._out and not self._deferred
+
+    def last(self, row_id: int) -> bool:
+        """Whether ``row_id`` is the last row of its chain."""
+        c, p = self._place[row_id]
+        return p + 1 == len(self._chains[c])
 
     def unattempted(self) -> list[int]:
         """Rows never handed out: behind a failure, or in a chain abandoned mid-way."""

@@ -9,6 +9,7 @@ next row over from there.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import time
@@ -20,10 +21,10 @@ from opentelemetry.trace import Span
 
 from amqp_lab.errors import AmqpLabError, OutboxUnavailable
 from amqp_lab.outbox.chains import ChainRun
+from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.observer import RelayConfig, RelayObserver, RelayReport
 from amqp_lab.outbox.outcomes import RowResult, Verdict, result_for
 from amqp_lab.outbox.row import RowUndecodable, message_of
-from amqp_lab.outbox.store import Lease
 from amqp_lab.outbox.trace import end_relay_span, relay_message
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 
@@ -69,10 +70,24 @@ class Flight:
         self.sent = self.refused = self.lost = 0
         self._outcomes: queue.SimpleQueue[tuple[int, int, Any, float]] = queue.SimpleQueue()
         self._numbers = 0
+        self._running: dict[str, int] = {}  # key -> the batch whose chain of it runs now
+        self._waiting: dict[str, collections.deque[tuple[int, int]]] = {}  # (batch, first)
+        self._tail: dict[str, int] = {}  # key -> the last row leased, while it runs
+
+    def tails(self) -> dict[str, int]:
+        """Keys whose chain is running, with the last row leased for each: their next rows
+        may be leased now, to go once those are confirmed (a continuation)."""
+        return {key: self._tail[key] for key in self._running}
 
     def held(self) -> list[int]:
         """Every row leased and not yet recorded (in flight, or settled and waiting)."""
         return sorted(r for b in (*self.batches.values(), *self.unrecorded) for r in b.lease.rows)
+
+    def held_keys(self) -> list[str]:
+        """The keys of the rows :meth:`held`: none of their rows can be a head now."""
+        batches = (*self.batches.values(), *self.unrecorded)
+        keys = {row.ordering_key for b in batches for row in b.lease.rows.values()}
+        return sorted(k for k in keys if k is not None)
 
     def in_flight(self) -> list[int]:
         """The rows of the batches not finished (their leases are to be renewed)."""
@@ -83,14 +98,50 @@ class Flight:
         return next((b for b in self.batches.values() if now - b.started > timeout), None)
 
     def start(self, lease: Lease) -> None:
-        """Hand every chain's first row of ``lease`` to the publisher."""
+        """Hand every chain's first row of ``lease`` to the publisher - but a chain whose key
+        is still running in another batch waits until that chain is confirmed to its end."""
         self._numbers += 1
         batch = Batch(self._numbers, lease, ChainRun(lease.chains), time.monotonic())
         self.batches[batch.no] = batch
-        for row_id in batch.run.start():
-            self._publish(batch, row_id)
+        defer = set()
+        for chain in lease.chains:
+            key = lease.rows[chain[0]].ordering_key
+            if key is None:
+                continue
+            self._tail[key] = max(self._tail.get(key, 0), chain[-1])
+            if key in self._running:
+                self._waiting.setdefault(key, collections.deque()).append((batch.no, chain[0]))
+                defer.add(chain[0])
+            else:
+                self._running[key] = batch.no
+        self._publish(batch, *batch.run.start(defer))
         if batch.run.done:
             self._finish(batch)
+
+    def _chain_ended(self, batch: Batch, row_id: int, sent: bool) -> None:
+        """A chain of ``batch`` stopped at ``row_id``: at its end (``sent``: the next chain of
+        its key may go) or at a failure (the key's waiting chains are dropped, untried)."""
+        key = batch.lease.rows[row_id].ordering_key
+        if key is None or self._running.get(key) != batch.no:
+            return
+        del self._running[key]
+        waiting = self._waiting.pop(key, collections.deque())
+        if sent and waiting:
+            batch_no, first = waiting.popleft()
+            self._running[key] = batch_no
+            if waiting:
+                self._waiting[key] = waiting
+            resumed = self.batches[batch_no]
+            self._publish(resumed, resumed.run.resume(first))
+            return
+        if not self._running.get(key):
+            self._tail.pop(key, None)
+        for batch_no, first in waiting:
+            later = self.batches.get(batch_no)
+            if later is not None:
+                later.run.drop(first)
+                if later.run.done:
+                    self._finish(later)
 
     def take_outcomes(self) -> bool:
         """Settle the outcomes that arrived; whether there were any."""
@@ -106,9 +157,14 @@ class Flight:
                 self._settle(batch, row_id, error, at)
 
     def give_up(self) -> None:
-        """Settle every row still in flight as lost (the publisher is gone) and finish every
-        batch."""
+        """Settle every row still in flight as lost (the publisher is gone), drop the chains
+        waiting for them, and finish every batch."""
         self.take_outcomes()
+        for key, waiting in list(self._waiting.items()):
+            for batch_no, first in waiting:
+                if batch_no in self.batches:
+                    self.batches[batch_no].run.drop(first)
+            del self._waiting[key]
         for batch in list(self.batches.values()):
             settled, untried = set(batch.results), set(batch.run.unattempted())
             for row_id in batch.run.rows():
@@ -126,24 +182,32 @@ class Flight:
 
         return outcome
 
-    def _publish(self, batch: Batch, row_id: int) -> None:
-        row = batch.lease.rows[row_id]
+    def _publish(self, batch: Batch, *row_ids: int) -> None:
+        """Hand ``row_ids`` (of ``batch``) to the publisher in one go; a row that is no message,
+        or finds no publisher, is settled at once."""
         publisher = self.publisher
-        try:
-            message = message_of(row)
-        except RowUndecodable as e:
-            self._settle(batch, row_id, e, time.time())
-            return
-        message, span = relay_message(message, row.traceparent, row.tracestate)
-        batch.spans[row_id] = span
         failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
-        if publisher is None or failure is not None:
-            self._settle(batch, row_id, failure, time.time())
+        ready: list[tuple[Any, Callable[[Any, Any], None]]] = []
+        for row_id in row_ids:
+            row = batch.lease.rows[row_id]
+            try:
+                message = message_of(row)
+            except RowUndecodable as e:
+                self._settle(batch, row_id, e, time.time())
+                continue
+            if publisher is None or failure is not None:
+                self._settle(batch, row_id, failure, time.time())
+                continue
+            message, span = relay_message(message, row.traceparent, row.tracestate)
+            batch.spans[row_id] = span
+            ready.append((message, self._callback(batch.no, row_id)))
+        if not ready or publisher is None:
             return
         try:
-            publisher.publish_async(message, self._callback(batch.no, row_id))
+            publisher.publish_each(ready)
         except AmqpLabError as e:  # the publisher failed for good meanwhile
-            self._settle(batch, row_id, e, time.time())
+            for _, callback in ready:
+                callback(None, e)
 
     def _settle(self, batch: Batch, row_id: int, error: BaseException | None, at: float) -> None:
         row = batch.lease.rows[row_id]
@@ -172,9 +236,12 @@ class Flight:
             self.on_report(
                 RelayReport(row.message_id, row.ordering_key, outcome, row.tries, result.error, lag)
             )
-        following = batch.run.settle(row_id, result.verdict is Verdict.SENT)
+        sent = result.verdict is Verdict.SENT
+        following = batch.run.settle(row_id, sent)
         if following is not None:
             self._publish(batch, following)
+        elif not sent or batch.run.last(row_id):
+            self._chain_ended(batch, row_id, sent)
         if batch.run.done:
             self._finish(batch)
 

@@ -234,7 +234,15 @@ class OutboxRelay:
         self._notified.clear()
         exclude, cfg = self.flight.held(), self.config
         try:
-            lease = store.lease(self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude)
+            held = self.flight.held_keys()
+            lease = store.lease(
+                self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude, held
+            )
+            tails = self.flight.tails()
+            if not lease.rows and tails:  # the next rows of the keys in flight, to follow them
+                lease = store.lease_after(
+                    self.relay_id, cfg.lease, tails, cfg.batch_rows, cfg.batch_bytes
+                )
             if not lease.rows:
                 wait = store.next_due(exclude)
         except OutboxUnavailable as e:
@@ -242,11 +250,21 @@ class OutboxRelay:
             return False
         self._store_up()
         if not lease.rows:
+            # nothing leasable: lease again at the next due time if it comes before the poll.
+            # Rows due already are held - behind a key's leased head, or leased - and become
+            # leasable only when a batch is recorded (which leases at once) or another
+            # relay's lease expires (the poll): leasing in between would spin on the database
             poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
-            self._next_lease = now + (poll if wait is None else max(0.0, min(poll, wait)))
+            ahead = poll if wait is None or wait <= 0 else min(poll, wait)
+            self._next_lease = now + ahead
             return False
         if not self.flight.batches:
             self._next_renew = now + self.config.lease / 3
+        if len(lease.rows) < cfg.batch_rows:
+            # the due rows are exhausted: the next lease waits for this batch to be recorded
+            # (its keys' next rows become heads then), a NOTIFY or the poll
+            poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
+            self._next_lease = now + poll
         self.flight.start(lease)
         return True
 

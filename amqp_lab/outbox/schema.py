@@ -57,7 +57,7 @@ _TABLE = """CREATE TABLE IF NOT EXISTS amqp_lab_outbox (
     lease_owner TEXT,
     lease_until {real},
     sent_at {real}
-)"""
+){storage}"""
 
 _INDEXES = (
     "CREATE UNIQUE INDEX IF NOT EXISTS amqp_lab_outbox_message_id ON amqp_lab_outbox (message_id)",
@@ -90,9 +90,17 @@ def schema(dialect: Dialect) -> tuple[str, ...]:
             "id": "BIGINT GENERATED ALWAYS AS IDENTITY (CACHE 1) PRIMARY KEY",
             "blob": "BYTEA",
             "real": "DOUBLE PRECISION",
+            # room in each page for a row's next version: a lease, a refusal or a renewal then
+            # updates no index (a HOT update), which made a lease about twice as fast
+            "storage": " WITH (fillfactor = 70)",
         }
     elif dialect == "sqlite":
-        kinds = {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "blob": "BLOB", "real": "REAL"}
+        kinds = {
+            "id": "INTEGER PRIMARY KEY AUTOINCREMENT",
+            "blob": "BLOB",
+            "real": "REAL",
+            "storage": "",
+        }
     else:
         raise ValueError(f"no outbox schema for dialect {dialect!r}")
-    return (_TABLE.format(**kinds), *_INDEXES, _RELAYS.format(**kinds))
+    return (_TABLE.format(**kinds), *_INDEXES, _RELAYS.format(real=kinds["real"]))

@@ -6,12 +6,15 @@ the start of its transaction (PostgreSQL: the server's, so relays on several hos
 the host's (SQLite). Lists of ids are a ``bigint[]`` parameter on PostgreSQL and expanded
 placeholders on SQLite (:func:`in_list`).
 
-The heads query is the lease's heart: a pending row is a candidate when its time has come, it
-is not leased by a live lease, and it is its key's head - no pending row of its key has a
-smaller id (a failed row, a row not yet due and a leased one all hold the key). On PostgreSQL
-the candidates are taken ``FOR UPDATE SKIP LOCKED``: relays racing for rows skip each other's
-instead of waiting, and a head locked by one is invisible to the others until its lease is
-written (https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE).
+The heads query (:func:`heads_sql`) is the lease's heart, bound by indexes whatever the
+backlog: among the oldest due rows no live lease holds (the ``(available_at, id)`` index), the
+ones that are their key's smallest pending id (one ``(ordering_key, id)`` probe each) - a
+refused row, a row not yet due and a leased one all hold their key. On PostgreSQL they are
+locked ``FOR UPDATE SKIP LOCKED``: relays racing for rows skip each other's instead of
+waiting, and the lock re-checks each row against its latest version
+(https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE). Nothing can
+put a smaller id in front of a head later: a key's later rows always get larger ids
+(:mod:`amqp_lab.outbox.write`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ from amqp_lab.dedup.base import Dialect
 
 __all__ = [
     "LEASED_COLUMNS",
+    "after_sql",
     "followers_sql",
     "heads_sql",
     "in_list",
+    "lease_heads_sql",
     "lease_sql",
+    "leased_sql",
+    "not_in",
     "now_sql",
     "size_sql",
     "status_sql",
@@ -68,27 +75,108 @@ def in_list(
     return f"{column} {'NOT IN' if negate else 'IN'} ({marks})", tuple(ids)
 
 
-def heads_sql(dialect: Dialect, exclude: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
-    """The candidates (id, key, size), oldest due first, at most ``?`` of them: parameters
-    ``(now, now, *exclude, limit)``. ``exclude``: rows this relay has in flight."""
-    excluded, params = in_list(dialect, "o.id", exclude, negate=True)
+def not_in(dialect: Dialect, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+    """``column NOT IN values`` for long lists: a hashed subplan over ``unnest(?)`` on
+    PostgreSQL (``<> ALL(array)`` compares every element), an IN list on SQLite (it builds
+    an index for it). True for an empty list."""
+    if not values:
+        return "1 = 1", ()
+    if dialect == "postgresql":
+        kind = "text" if isinstance(values[0], str) else "bigint"
+        return f"NOT ({column} IN (SELECT unnest(?::{kind}[])))", (list(values),)
+    return in_list(dialect, column, values, negate=True)
+
+
+def heads_sql(
+    dialect: Dialect, exclude: Sequence[int], held: Sequence[str] = (), columns: str = ""
+) -> tuple[str, tuple[Any, ...]]:
+    """The due heads, oldest first, (id, key, size): among the oldest ``?`` due rows no live
+    lease holds (the ``(available_at, id)`` index), those that are their key's smallest
+    pending id (one ``(ordering_key, id)`` index probe each), at most ``?``; locked ``FOR
+    UPDATE SKIP LOCKED`` on PostgreSQL. Parameters: ``(now, now, *exclude, *held, scan, now,
+    limit)``. The lease is checked on the locked row too: PostgreSQL re-checks the outer
+    query's conditions against a row's latest version when it locks it, not the subquery's,
+    so a row another relay leased after this statement's snapshot is skipped there (without
+    it, two relays leased one row: the race test caught it). ``exclude``: rows this relay
+    has in flight; ``held``: their keys, whose rows cannot be heads now (skipped before the
+    probe, so a deep backlog behind keys in flight costs a scan, not a probe per row);
+    ``columns``: what to select (default: id, key, size)."""
+    excluded, params = not_in(dialect, "id", exclude)
+    unheld, keys = not_in(dialect, "ordering_key", held)
     lock = " FOR UPDATE OF o SKIP LOCKED" if dialect == "postgresql" else ""
+    params += keys
     sql = (
-        f"SELECT o.id, o.ordering_key, {size_sql(dialect, 'o.')}"
-        " FROM amqp_lab_outbox o"
-        " WHERE o.sent_at IS NULL AND o.available_at <= ?"
-        " AND (o.lease_until IS NULL OR o.lease_until <= ?)"
-        f" AND {excluded}"
-        " AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM amqp_lab_outbox e"
-        " WHERE e.ordering_key = o.ordering_key AND e.sent_at IS NULL AND e.id < o.id))"
+        f"SELECT {columns or 'o.id, o.ordering_key, ' + size_sql(dialect, 'o.')}"
+        " FROM amqp_lab_outbox o WHERE o.id IN (SELECT id FROM amqp_lab_outbox"
+        " WHERE sent_at IS NULL AND available_at <= ? AND (lease_until IS NULL OR lease_until <= ?)"
+        f" AND {excluded} AND (ordering_key IS NULL OR {unheld})"
+        " ORDER BY available_at, id LIMIT ?)"
+        " AND o.sent_at IS NULL AND (o.lease_until IS NULL OR o.lease_until <= ?)"
+        " AND (o.ordering_key IS NULL OR o.id = (SELECT min(e.id)"
+        " FROM amqp_lab_outbox e WHERE e.ordering_key = o.ordering_key AND e.sent_at IS NULL))"
         f" ORDER BY o.available_at, o.id LIMIT ?{lock}"
     )
     return sql, params
 
 
+def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+    """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
+    UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
+    and then a write) - returning (id, key, size, available_at). Parameters: ``(owner,
+    until, now, now, *exclude, *held, scan, now, limit, now)``: the lease re-checked on each
+    row's latest version (a lease committed by another relay since this statement's snapshot
+    is seen there, not in the subquery)."""
+    heads, params = heads_sql("postgresql", exclude, held, columns="o.id")
+    sql = (
+        "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
+        f" WHERE id IN ({heads}) AND sent_at IS NULL"
+        " AND (lease_until IS NULL OR lease_until <= ?)"
+        f" RETURNING id, ordering_key, {size_sql('postgresql')}, available_at"
+    )
+    return sql, params
+
+
+def leased_sql(dialect: Dialect, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
+    """The :data:`LEASED_COLUMNS` of ``ids`` ``?`` leases (parameters ``(*ids, owner)``)."""
+    chosen, params = in_list(dialect, "id", ids)
+    return (
+        f"SELECT {LEASED_COLUMNS} FROM amqp_lab_outbox WHERE {chosen} AND lease_owner = ?",
+        params,
+    )
+
+
+def after_sql(dialect: Dialect) -> str:
+    """The first ``?`` pending rows of key ``?`` after id ``?`` (SQLite, per key), or of each
+    key after its id (PostgreSQL, parameters ``(keys, ids, per_key)``): (id, key, size,
+    available_at, lease_until) in (key, id) order."""
+    columns = f"id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until"
+    if dialect == "postgresql":
+        return (
+            "SELECT f.id, f.ordering_key, f.size, f.available_at, f.lease_until"
+            " FROM unnest(?::text[], ?::bigint[]) AS k(key, after) CROSS JOIN LATERAL"
+            f" (SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = k.key"
+            " AND id > k.after AND sent_at IS NULL ORDER BY id LIMIT ?) f"
+            " ORDER BY f.ordering_key, f.id"
+        )
+    return (
+        f"SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = ? AND id > ?"
+        " AND sent_at IS NULL ORDER BY id LIMIT ?"
+    )
+
+
 def followers_sql(dialect: Dialect, keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
     """The first ``?`` pending rows of each of ``keys`` (heads included), in (key, id) order:
-    (id, key, size, available_at, lease_until). Parameters: ``(*keys, per_key)``."""
+    (id, key, size, available_at, lease_until). Parameters: ``(*keys, per_key)``. PostgreSQL
+    reads at most ``per_key`` index entries per key (LATERAL ... LIMIT)."""
+    if dialect == "postgresql":
+        sql = (
+            "SELECT f.id, f.ordering_key, f.size, f.available_at, f.lease_until"
+            " FROM unnest(?::text[]) AS k(key) CROSS JOIN LATERAL"
+            f" (SELECT id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until"
+            " FROM amqp_lab_outbox WHERE ordering_key = k.key AND sent_at IS NULL"
+            " ORDER BY id LIMIT ?) f ORDER BY f.ordering_key, f.id"
+        )
+        return sql, (list(keys),)
     chosen, params = in_list(dialect, "ordering_key", keys)
     sql = (
         "SELECT id, ordering_key, size, available_at, lease_until FROM ("

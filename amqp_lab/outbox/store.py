@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,45 +25,19 @@ from amqp_lab.dedup.base import HandlerDb
 from amqp_lab.outbox.admin import OutboxAdmin
 from amqp_lab.outbox.chains import Candidate, cut, plan
 from amqp_lab.outbox.db import number
+from amqp_lab.outbox.lease import Lease, leased_row
 from amqp_lab.outbox.outcomes import PARKED, RowResult, Verdict
-from amqp_lab.outbox.row import OutboxRow
-from amqp_lab.outbox.sql import followers_sql, heads_sql, in_list, lease_sql
+from amqp_lab.outbox.sql import (
+    after_sql,
+    followers_sql,
+    heads_sql,
+    in_list,
+    lease_heads_sql,
+    lease_sql,
+    leased_sql,
+)
 
-__all__ = ["Lease", "OutboxStore", "open_outbox"]
-
-
-@dataclass
-class Lease:
-    """One leased batch: ``rows`` by id, ``chains`` (:mod:`amqp_lab.outbox.chains`),
-    ``db_now`` (the database's clock at the lease) and ``local_now`` (``time.time()`` then:
-    their difference turns a local confirm time into the database's)."""
-
-    rows: dict[int, OutboxRow] = field(default_factory=dict)
-    chains: list[list[int]] = field(default_factory=list)
-    db_now: float = 0.0
-    local_now: float = 0.0
-
-
-def _leased_row(values: Sequence[Any]) -> OutboxRow:
-    """An OutboxRow from a RETURNING row, whatever a hostile row holds: numbers that are not
-    numbers read as 0 (the message itself is checked by row.message_of)."""
-    (row_id, message_id, key, exchange, routing_key, properties, headers, body) = values[:8]
-    traceparent, tracestate, created_at, due_at, tries = values[8:13]
-    return OutboxRow(
-        id=int(row_id),
-        message_id=message_id,
-        ordering_key=key if isinstance(key, str) else None,
-        exchange=exchange,
-        routing_key=routing_key,
-        properties=properties,
-        headers=bytes(headers) if isinstance(headers, bytes | memoryview) else headers,
-        body=bytes(body) if isinstance(body, memoryview) else body,
-        traceparent=traceparent if isinstance(traceparent, str) else None,
-        tracestate=tracestate if isinstance(tracestate, str) else None,
-        created_at=number(created_at),
-        due_at=None if due_at is None else number(due_at),
-        tries=int(number(tries, 1)),
-    )
+__all__ = ["Lease", "OutboxStore", "open_outbox"]  # Lease: amqp_lab.outbox.lease
 
 
 class OutboxStore(OutboxAdmin):
@@ -79,44 +52,181 @@ class OutboxStore(OutboxAdmin):
         max_rows: int,
         max_bytes: int,
         exclude: Sequence[int] = (),
+        held: Sequence[str] = (),
     ) -> Lease:
         """Lease a batch for ``owner``: the oldest due heads (:mod:`amqp_lab.outbox.sql`) and
         their keys' next ready rows as chains, at most ``max_rows`` rows and ``max_bytes``
-        bytes (at least one row), none of ``exclude``. An empty Lease when nothing is due."""
+        bytes (at least one row), none of ``exclude`` and no key of ``held`` (the relay's rows
+        and keys in flight). An empty Lease when nothing is due."""
 
         def work(db: HandlerDb) -> Lease:
             now = self._now(db)
             lease = Lease(db_now=now, local_now=time.time())
-            sql, params = heads_sql(self.dialect, exclude)
-            heads = [
-                Candidate(int(r[0]), r[1] if isinstance(r[1], str) else None, int(number(r[2])))
-                for r in db.execute(sql, (now, now, *params, max_rows)).fetchall()
-            ]
+            if self.dialect == "postgresql":
+                return self._lease_postgres(
+                    db, lease, owner, lease_seconds, max_rows, max_bytes, exclude, held
+                )
+            heads = self._heads(db, now, max_rows, exclude, held)
             if not heads:
                 return lease
-            keys = sorted({h.key for h in heads if h.key is not None})
-            followers: list[Candidate] = []
-            if keys:
-                per_key = 1 + max(1, max_rows // len(heads))
-                sql, params = followers_sql(self.dialect, keys)
-                skip = set(exclude)
-                for r in db.execute(sql, (*params, per_key)).fetchall():
-                    ready = number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
-                    size = int(number(r[2]))
-                    followers.append(Candidate(int(r[0]), r[1], size, ready and r[0] not in skip))
+            followers = self._followers(db, now, heads, max_rows, exclude)
             chains = plan(heads, followers, max_rows, max_bytes)
-            ids = [row_id for chain in chains for row_id in chain]
-            sql, params = lease_sql(self.dialect, ids)
-            returned = db.execute(sql, (owner, now + lease_seconds, *params, now)).fetchall()
-            lease.rows = {row.id: row for row in map(_leased_row, returned)}
-            lease.chains, released = cut(chains, set(lease.rows))
-            if released:
-                self._release(db, owner, released, untried=True)
-                for row_id in released:
-                    lease.rows.pop(row_id, None)
-            return lease
+            return self._lease_chains(db, lease, owner, lease_seconds, chains)
 
         return self._run("lease rows of", work)
+
+    def lease_after(
+        self,
+        owner: str,
+        lease_seconds: float,
+        after: dict[str, int],
+        max_rows: int,
+        max_bytes: int,
+    ) -> Lease:
+        """Lease the next rows of keys ``owner`` holds - after the row id ``after`` gives for
+        each - as one chain per key, up to each key's first row not ready, at most
+        ``max_rows`` rows and ``max_bytes`` bytes (at least one row). They are no heads, so no
+        other relay can take them; they are to go once the key's earlier rows are confirmed
+        (:meth:`amqp_lab.outbox.flight.Flight.start` defers them)."""
+
+        def work(db: HandlerDb) -> Lease:
+            now = self._now(db)
+            lease = Lease(db_now=now, local_now=time.time())
+            keys = sorted(after)
+            per_key = 1 + max(1, max_rows // max(1, len(keys)))
+            if self.dialect == "postgresql":
+                params: tuple[Any, ...] = (keys, [after[k] for k in keys], per_key)
+                found = db.execute(after_sql(self.dialect), params).fetchall()
+            else:
+                found = []
+                for key in keys:
+                    rows = db.execute(after_sql(self.dialect), (key, after[key], per_key))
+                    found.extend(rows.fetchall())
+            by_key: dict[str, list[Any]] = {}
+            for r in found:
+                by_key.setdefault(str(r[1]), []).append(r)
+
+            def ready(r: Any) -> bool:
+                return number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
+
+            heads: list[Candidate] = []
+            followers: list[Candidate] = []
+            for key in keys:
+                rows = by_key.get(key, [])
+                if rows and ready(rows[0]):  # else the key's next row holds the rest
+                    heads.append(Candidate(int(rows[0][0]), key, int(number(rows[0][2]))))
+                    followers += [
+                        Candidate(int(r[0]), key, int(number(r[2])), ready(r)) for r in rows[1:]
+                    ]
+            chains = plan(heads, followers, max_rows, max_bytes) if heads else []
+            return self._lease_chains(db, lease, owner, lease_seconds, chains)
+
+        return self._run("lease rows of", work)
+
+    def _lease_chains(
+        self,
+        db: HandlerDb,
+        lease: Lease,
+        owner: str,
+        lease_seconds: float,
+        chains: list[list[int]],
+    ) -> Lease:
+        """Lease every row of ``chains`` still pending and unleased, and keep each chain up
+        to its first row the lease did not get (the rest released untried)."""
+        ids = [row_id for chain in chains for row_id in chain]
+        if not ids:
+            return lease
+        now = lease.db_now
+        sql, params = lease_sql(self.dialect, ids)
+        returned = db.execute(sql, (owner, now + lease_seconds, *params, now)).fetchall()
+        lease.rows = {row.id: row for row in map(leased_row, returned)}
+        lease.chains, released = cut(chains, set(lease.rows))
+        if released:
+            self._release(db, owner, released, untried=True)
+            for row_id in released:
+                lease.rows.pop(row_id, None)
+        return lease
+
+    def _lease_postgres(
+        self,
+        db: HandlerDb,
+        lease: Lease,
+        owner: str,
+        lease_seconds: float,
+        max_rows: int,
+        max_bytes: int,
+        exclude: Sequence[int],
+        held: Sequence[str],
+    ) -> Lease:
+        """PostgreSQL's lease: the heads leased in one statement
+        (:func:`~amqp_lab.outbox.sql.lease_heads_sql`), then their keys' next rows when the
+        batch has room, then the columns of what the budget keeps; heads beyond the byte
+        budget are released untried."""
+        now, until = lease.db_now, lease.db_now + lease_seconds
+        sql, params = lease_heads_sql(exclude, held)
+        scan = max_rows + max_rows // 2
+        rows = db.execute(sql, (owner, until, now, now, *params, scan, now, max_rows, now))
+        leased = sorted(rows.fetchall(), key=lambda r: (number(r[3]), int(r[0])))
+        heads = [Candidate(int(r[0]), r[1], int(number(r[2]))) for r in leased]
+        if not heads:
+            return lease
+        followers = self._followers(db, now, heads, max_rows, exclude)
+        chains = plan(heads, followers, max_rows, max_bytes)
+        kept = {row_id for chain in chains for row_id in chain}
+        got = set(kept) & {h.id for h in heads}
+        more = [row_id for row_id in kept if row_id not in got]
+        if more:
+            sql, params = lease_sql(self.dialect, more)
+            returned = db.execute(sql, (owner, until, *params, now)).fetchall()
+            got |= {int(r[0]) for r in returned}
+        lease.chains, released = cut(chains, got)
+        released += [h.id for h in heads if h.id not in kept]
+        if released:
+            self._release(db, owner, released, untried=True)
+        keep = [row_id for chain in lease.chains for row_id in chain]
+        if keep:
+            sql, params = leased_sql(self.dialect, keep)
+            returned = db.execute(sql, (*params, owner)).fetchall()
+            lease.rows = {row.id: row for row in map(leased_row, returned)}
+        return lease
+
+    def _followers(
+        self,
+        db: HandlerDb,
+        now: float,
+        heads: list[Candidate],
+        max_rows: int,
+        exclude: Sequence[int],
+    ) -> list[Candidate]:
+        """The heads' keys' next pending rows, when the batch has room for them."""
+        keys = sorted({h.key for h in heads if h.key is not None})
+        if not keys or len(heads) >= max_rows:
+            return []
+        per_key = 1 + max(1, max_rows // len(heads))
+        sql, params = followers_sql(self.dialect, keys)
+        skip = set(exclude)
+        found = []
+        for r in db.execute(sql, (*params, per_key)).fetchall():
+            ready = number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
+            found.append(Candidate(int(r[0]), r[1], int(number(r[2])), ready and r[0] not in skip))
+        return found
+
+    def _heads(
+        self,
+        db: HandlerDb,
+        now: float,
+        max_rows: int,
+        exclude: Sequence[int],
+        held: Sequence[str],
+    ) -> list[Candidate]:
+        """The due heads, oldest first (:func:`~amqp_lab.outbox.sql.heads_sql`), locked on
+        PostgreSQL."""
+        sql, params = heads_sql(self.dialect, exclude, held)
+        rows = db.execute(sql, (now, now, *params, 2 * max_rows, now, max_rows)).fetchall()
+        return [
+            Candidate(int(r[0]), r[1] if isinstance(r[1], str) else None, int(number(r[2])))
+            for r in rows
+        ]
 
     def _release(self, db: HandlerDb, owner: str, ids: Sequence[int], untried: bool) -> None:
         chosen, params = in_list(self.dialect, "id", ids)

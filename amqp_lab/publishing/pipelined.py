@@ -221,6 +221,16 @@ class PipelinedPublisher:
         self._hand_over([_Item(message, settle)])
         return future
 
+    def publish_each(self, messages: list[tuple[OutgoingMessage, Outcome]]) -> None:
+        """Hand over every ``(message, callback)`` pair at once, each ``callback(message,
+        error)`` called on the I/O thread with its own outcome, without a Future per message
+        (the outbox relay's path); blocks while the window is full. A callback must not
+        publish: it runs on the I/O thread, which alone frees window room."""
+        chunk = max(1, self.window // 4)
+        items = [_Item(message, callback) for message, callback in messages]
+        for i in range(0, len(items), chunk):
+            self._hand_over(items[i : i + chunk])
+
     def publish(self, message: OutgoingMessage, timeout: float | None = 60) -> None:
         """Publish and wait for this message's outcome; raises it (see the module doc)."""
         self.publish_async(message).result(timeout)

@@ -311,3 +311,19 @@ def test_the_schema_exists_for_both_dialects_only() -> None:
     assert "CACHE 1" in schema("postgresql")[0] and "AUTOINCREMENT" in schema("sqlite")[0]
     with pytest.raises(ValueError):
         schema("mysql")  # type: ignore[arg-type]
+
+
+def test_a_chain_deferred_behind_its_keys_earlier_rows_goes_or_is_dropped() -> None:
+    """A continuation: rows of a key leased while the key's earlier chain is in flight wait
+    for :meth:`ChainRun.resume` (the earlier chain confirmed to its end) or are dropped
+    (it failed), and keep their batch open meanwhile."""
+    run = ChainRun([[5, 6], [9]])
+    assert run.start(defer={5}) == [9]
+    assert run.settle(9, True) is None
+    assert not run.done  # the deferred chain still holds the batch
+    assert run.resume(5) == 5 and run.settle(5, True) == 6 and run.last(6)
+    assert run.settle(6, True) is None and run.done
+    dropped = ChainRun([[7, 8]])
+    assert dropped.start(defer={7}) == [] and not dropped.done
+    dropped.drop(7)
+    assert dropped.done and sorted(dropped.unattempted()) == [7, 8]
