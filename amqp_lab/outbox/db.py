@@ -153,9 +153,18 @@ class OutboxDb:
                 self.close()
             raise error from e
 
-    def _now(self, db: HandlerDb) -> float:
+    def _now(self, db: HandlerDb, relaxed: bool = False) -> float:
+        """The database's clock. ``relaxed`` (PostgreSQL): this transaction commits without
+        waiting for its WAL flush (``synchronous_commit`` off, for this transaction only) -
+        for the relay's leases and outcomes, where a commit lost in a server crash only
+        makes rows go again (a duplicate, same message_id), never lost or reordered. An
+        operator's retry or discard, and every writer's add and cancel, stay durable."""
         statement = now_sql(self.dialect)
-        return self._clock() if statement is None else float(db.execute(statement).fetchone()[0])
+        if statement is None:
+            return self._clock()
+        if relaxed:
+            statement += ", set_config('synchronous_commit', 'off', true)"
+        return float(db.execute(statement).fetchone()[0])
 
     def now(self) -> float:
         """The database's clock, epoch seconds."""

@@ -19,14 +19,22 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from amqp_lab.errors import AmqpLabError, OutboxUnavailable
+from amqp_lab.errors import (
+    AmqpLabError,
+    AuthenticationFailed,
+    OutboxUnavailable,
+    VhostAccessDenied,
+)
 from amqp_lab.outbox.chains import ChainRun
 from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.observer import RelayConfig, RelayObserver, RelayReport
-from amqp_lab.outbox.outcomes import RowResult, Verdict, result_for
+from amqp_lab.outbox.outcomes import RowResult, Verdict, describe, result_for
 from amqp_lab.outbox.row import RowUndecodable, message_of
 from amqp_lab.outbox.trace import end_relay_span, relay_message
+from amqp_lab.publishing.observer import PublisherObserver
 from amqp_lab.publishing.pipelined import PipelinedPublisher
+from amqp_lab.retry.policy import full_jitter
+from amqp_lab.settings import BrokerSettings
 
 __all__ = ["Batch", "Flight"]
 
@@ -70,6 +78,8 @@ class Flight:
         self.sent = self.refused = self.lost = 0
         self._outcomes: queue.SimpleQueue[tuple[int, int, Any, float]] = queue.SimpleQueue()
         self._numbers = 0
+        self._publisher_ok_at = 0.0  # monotonic: the next try to connect
+        self._publisher_failures = 0
         self._running: dict[str, int] = {}  # key -> the batch whose chain of it runs now
         self._waiting: dict[str, collections.deque[tuple[int, int]]] = {}  # (batch, first)
         self._tail: dict[str, int] = {}  # key -> the last row leased, while it runs
@@ -78,6 +88,45 @@ class Flight:
         """Keys whose chain is running, with the last row leased for each: their next rows
         may be leased now, to go once those are confirmed (a continuation)."""
         return {key: self._tail[key] for key in self._running}
+
+    def ensure_publisher(self, settings: BrokerSettings, observer: PublisherObserver) -> bool:
+        """A working publisher: the current one, or a new one (window ``config.window``) once
+        the backoff after the last failure to connect is over; False meanwhile. Raises
+        AuthenticationFailed / VhostAccessDenied: retrying cannot help."""
+        publisher = self.publisher
+        if publisher is not None and publisher.failure is None:
+            return True
+        if publisher is not None:
+            log.warning("the relay's publisher failed (%s); reconnecting", publisher.failure)
+            self.drop_publisher()
+        if time.monotonic() < self._publisher_ok_at:
+            return False
+        try:
+            self.publisher = PipelinedPublisher(
+                settings, window=self.config.window, observer=observer
+            )
+        except (AuthenticationFailed, VhostAccessDenied):
+            raise
+        except AmqpLabError as e:
+            self._publisher_failures += 1
+            delay = full_jitter(min(self._publisher_failures, 8), 0.5, 10.0)
+            self._publisher_ok_at = time.monotonic() + delay
+            if self._publisher_failures == 1:
+                log.warning("the relay cannot reach the broker (%s); retrying", describe(e))
+            return False
+        if self._publisher_failures:
+            log.warning("the relay reached the broker again")
+        self._publisher_failures = 0
+        return True
+
+    def drop_publisher(self) -> None:
+        """Close the publisher: every publish without an outcome fails now (lost)."""
+        publisher, self.publisher = self.publisher, None
+        if publisher is not None:
+            try:
+                publisher.close(flush_timeout=0)
+            except Exception as e:  # closing a dead connection must not stop the relay
+                log.debug("closing the publisher: %s", e)
 
     def held(self) -> list[int]:
         """Every row leased and not yet recorded (in flight, or settled and waiting)."""

@@ -27,7 +27,7 @@ class RelayConfig:
     * ``lease``: how long a lease lives on the database's clock unless renewed (a relay that
       dies holds its rows that long, on PostgreSQL; renewed every third of it);
     * ``poll``: longest sleep without a wake-up (None: 2 s on PostgreSQL, which is woken by
-      NOTIFY, 0.25 s on SQLite, which is not); ``listen``: LISTEN/NOTIFY on PostgreSQL;
+      NOTIFY, 0.1 s on SQLite, which is not); ``listen``: LISTEN/NOTIFY on PostgreSQL;
     * ``keep_sent``: how long a sent row is kept (``sent_at`` set) before it is purged; 0
       deletes it at once;
     * ``retry_base`` / ``retry_cap``: the backoff of a row the broker refused;

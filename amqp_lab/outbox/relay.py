@@ -31,27 +31,19 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from amqp_lab.errors import (
-    AmqpLabError,
-    AuthenticationFailed,
-    OutboxError,
-    OutboxUnavailable,
-    VhostAccessDenied,
-)
+from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.flight import Flight
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
 from amqp_lab.outbox.outcomes import describe
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.outbox.wake import NotifyListener, RelayLock
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
-from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["OutboxRelay"]
 
 log = logging.getLogger(__name__)
-FATAL = (AuthenticationFailed, VhostAccessDenied)
 
 
 class OutboxRelay:
@@ -89,8 +81,6 @@ class OutboxRelay:
         self._next_lease = 0.0  # monotonic: lease again from then on
         self._store_ok_at = 0.0  # monotonic: the store's backoff ends
         self._store_failures = 0
-        self._publisher_ok_at = 0.0
-        self._publisher_failures = 0
         self._next_status = 0.0
         self._next_renew = 0.0
         self._started = 0.0
@@ -254,7 +244,7 @@ class OutboxRelay:
             # Rows due already are held - behind a key's leased head, or leased - and become
             # leasable only when a batch is recorded (which leases at once) or another
             # relay's lease expires (the poll): leasing in between would spin on the database
-            poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
+            poll = self._poll(store)
             ahead = poll if wait is None or wait <= 0 else min(poll, wait)
             self._next_lease = now + ahead
             return False
@@ -263,48 +253,24 @@ class OutboxRelay:
         if len(lease.rows) < cfg.batch_rows:
             # the due rows are exhausted: the next lease waits for this batch to be recorded
             # (its keys' next rows become heads then), a NOTIFY or the poll
-            poll = self.config.poll or (2.0 if store.dialect == "postgresql" else 0.25)
+            poll = self._poll(store)
             self._next_lease = now + poll
         self.flight.start(lease)
         return True
 
+    def _poll(self, store: OutboxStore) -> float:
+        """The longest sleep without a wake-up: ``poll``, or 2 s on PostgreSQL (NOTIFY wakes
+        the relay) and 0.1 s on SQLite (nothing does; a poll there is one cheap local
+        read)."""
+        return self.config.poll or (2.0 if store.dialect == "postgresql" else 0.1)
+
     def _ensure_publisher(self) -> bool:
-        """A working publisher: the current one, or a new one after a backoff. Raises the
-        broker's refusal of the credentials or the vhost."""
-        publisher = self.flight.publisher
-        if publisher is not None and publisher.failure is None:
-            return True
-        if publisher is not None:
-            log.warning("the relay's publisher failed (%s); reconnecting", publisher.failure)
-            self._drop_publisher()
-        if time.monotonic() < self._publisher_ok_at:
-            return False
-        try:
-            self.flight.publisher = PipelinedPublisher(
-                self.settings, window=self.config.window, observer=self.publisher_observer
-            )
-        except FATAL:
-            raise
-        except AmqpLabError as e:
-            self._publisher_failures += 1
-            delay = full_jitter(min(self._publisher_failures, 8), 0.5, 10.0)
-            self._publisher_ok_at = time.monotonic() + delay
-            if self._publisher_failures == 1:
-                log.warning("the relay cannot reach the broker (%s); retrying", describe(e))
-            return False
-        if self._publisher_failures:
-            log.warning("the relay reached the broker again")
-        self._publisher_failures = 0
-        return True
+        """A working publisher (:meth:`Flight.ensure_publisher`). Raises the broker's refusal
+        of the credentials or the vhost."""
+        return self.flight.ensure_publisher(self.settings, self.publisher_observer)
 
     def _drop_publisher(self) -> None:
-        """Close the publisher: every publish without an outcome fails now (lost)."""
-        publisher, self.flight.publisher = self.flight.publisher, None
-        if publisher is not None:
-            try:
-                publisher.close(flush_timeout=0)
-            except Exception as e:  # closing a dead connection must not stop the relay
-                log.debug("closing the publisher: %s", e)
+        self.flight.drop_publisher()
 
     def _hold_lock(self, store: OutboxStore) -> bool:
         """SQLite: whether this relay holds the one-relay lock (taking it when free, then
@@ -314,7 +280,7 @@ class OutboxRelay:
             return True
         try:
             if not lock.try_acquire():
-                self._next_lease = time.monotonic() + (self.config.poll or 0.25)
+                self._next_lease = time.monotonic() + self._poll(store)
                 return False
             released = store.reset_leases()
         except OutboxUnavailable as e:

@@ -60,7 +60,7 @@ class OutboxStore(OutboxAdmin):
         and keys in flight). An empty Lease when nothing is due."""
 
         def work(db: HandlerDb) -> Lease:
-            now = self._now(db)
+            now = self._now(db, relaxed=True)
             lease = Lease(db_now=now, local_now=time.time())
             if self.dialect == "postgresql":
                 return self._lease_postgres(
@@ -90,7 +90,7 @@ class OutboxStore(OutboxAdmin):
         (:meth:`amqp_lab.outbox.flight.Flight.start` defers them)."""
 
         def work(db: HandlerDb) -> Lease:
-            now = self._now(db)
+            now = self._now(db, relaxed=True)
             lease = Lease(db_now=now, local_now=time.time())
             keys = sorted(after)
             per_key = 1 + max(1, max_rows // max(1, len(keys)))
@@ -242,7 +242,7 @@ class OutboxStore(OutboxAdmin):
         how many it still held."""
 
         def work(db: HandlerDb) -> int:
-            now = self._now(db)
+            now = self._now(db, relaxed=True)
             chosen, params = in_list(self.dialect, "id", ids)
             return int(
                 db.execute(
@@ -265,7 +265,7 @@ class OutboxStore(OutboxAdmin):
             return [r for r in results if r.verdict is verdict]
 
         def work(db: HandlerDb) -> None:
-            now = self._now(db)
+            now = self._now(db, relaxed=True)
             sent = [r.row_id for r in by(Verdict.SENT)]
             if sent:
                 chosen, params = in_list(self.dialect, "id", sent)
