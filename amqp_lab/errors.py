@@ -30,6 +30,8 @@ __all__ = [
     "MessageNacked",
     "MessageUnroutable",
     "NotFound",
+    "OutboxError",
+    "OutboxUnavailable",
     "PoisonMessage",
     "PreconditionFailed",
     "PublishError",
@@ -208,6 +210,16 @@ class StoreVhostMismatch(DedupStoreError):
 
 
 # --- handler-side classification ------------------------------------------------------------------
+class OutboxError(AmqpLabError):
+    """The outbox table could not be read or written (amqp_lab.outbox): missing, refused, or
+    a statement failed. The caller's transaction is to be rolled back."""
+
+
+class OutboxUnavailable(OutboxError):
+    """The outbox's database cannot be reached right now (connection refused or lost, the
+    server restarting, SQLite locked past its busy timeout): retrying later can help."""
+
+
 class HandlerError(AmqpLabError):
     """Base for errors a message handler raises to choose its settlement."""
 

@@ -11,13 +11,23 @@ management statistics lag) and :func:`health_problems` says what is wrong (pure)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pika.exceptions as pe
 
 from amqp_lab.connection import open_channel, translate
+from amqp_lab.outbox.status import OutboxStatus, outbox_problems
+from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.settings import BrokerSettings
 
-__all__ = ["QueueHealth", "health_problems", "queue_health"]
+__all__ = [
+    "OutboxStatus",
+    "QueueHealth",
+    "health_problems",
+    "outbox_health",
+    "outbox_problems",
+    "queue_health",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,19 @@ def queue_health(settings: BrokerSettings, queue: str) -> QueueHealth:
                 return QueueHealth(queue, exists=False)
             raise translate(e, settings) from e
         return QueueHealth(queue, True, int(ok.message_count), int(ok.consumer_count))
+
+
+def outbox_health(outbox: str | Path) -> tuple[OutboxStatus, str]:
+    """The outbox at ``outbox`` (a SQLite path or a PostgreSQL URL) now, and its location with
+    the password masked; :func:`~amqp_lab.outbox.status.outbox_problems` says what is wrong.
+    A relay that runs is no proof: rows can wait because every relay is down, the broker
+    refuses them or the broker is unreachable, which only the outbox itself shows. Raises
+    OutboxError / OutboxUnavailable when the database cannot be read."""
+    store = OutboxStore(outbox)
+    try:
+        return store.status(), store.location
+    finally:
+        store.close()
 
 
 def health_problems(

@@ -9,6 +9,14 @@ then check that every confirmed message_id was applied exactly once or dead-lett
                             [--heartbeat S] [--confirm-timeout S] ...     (docs/cluster.md)
     python scripts/chaos.py --ordered [--keys 50] [--shards 4] [--fail-every 7] ...
                                                                           (docs/ordering.md)
+    python scripts/chaos.py --outbox [--store postgresql|sqlite] [--messages N] [--keys K]
+                            [--producers P] [--relays R] [--workers W] [--rounds N]
+                                                                          (docs/outbox.md)
+
+With --outbox, producers commit rows with outbox messages (some rolled back, scheduled,
+cancelled), stage A applies them and emits follow-ups through its outbox to stage B; relays and
+workers are SIGKILLed, PostgreSQL and the broker (the run's own) restarted. lost, phantom,
+applied_twice, out_of_order and scheduled_early must be 0 (lab.chaos_outbox_run).
 
 With --ordered, the N messages go over K keys through the ordered topology (each body carries
 its key and per-key seq, message_id KEY-SEQ), the workers are ordered consumers subscribed to
@@ -63,6 +71,7 @@ from lab.chaos import create_ledger, plan_events
 from lab.chaos_cluster import ClusterChaosPlan, check_addresses, run_cluster_chaos
 from lab.chaos_ordered_run import OrderedChaosRun
 from lab.chaos_ordered_worker import FirstTryFaults, run_ordered_worker
+from lab.chaos_outbox_run import OutboxChaosPlan, run_outbox_chaos
 from lab.chaos_partition import plan_faults, run_partition_chaos
 from lab.chaos_pool import connection_name
 from lab.chaos_run import ChaosPlan, ChaosRun
@@ -116,6 +125,13 @@ def parse_args() -> argparse.Namespace:
     ordered.add_argument(
         "--fail-every", type=int, default=7, metavar="E", help="seq %% E == 3 fails once; 0: none"
     )
+    outbox = parser.add_argument_group("--outbox: the transactional outbox (docs/outbox.md)")
+    outbox.add_argument("--outbox", action="store_true", help="outbox producers, two stages")
+    outbox.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
+    outbox.add_argument("--producers", type=int, default=3, metavar="P")
+    outbox.add_argument("--relays", type=int, default=2, metavar="R")
+    outbox.add_argument("--rounds", type=int, default=1, help="rounds of the five events")
+    outbox.add_argument("--drain-timeout", type=float, default=120.0, metavar="S")
     parser.add_argument("--json", action="store_true", help="last line: the JSON summary")
     parser.add_argument("--worker-process", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
@@ -179,6 +195,8 @@ def main() -> int:
             ack_batch=args.ack_batch,
             stay=args.partition,
         )
+    if args.outbox:
+        return outbox_main(args)
     if args.cluster:
         return cluster_main(args)
     if args.ordered:
@@ -312,6 +330,39 @@ def ordered_main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, allow_nan=False))
     return EXIT_OK if holds else EXIT_INVARIANT
+
+
+def outbox_main(args: argparse.Namespace) -> int:
+    """The --outbox run (lab.chaos_outbox_run): a broker and a database of its own."""
+    (ROOT / ".state").mkdir(exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="chaos-outbox-", dir=ROOT / ".state"))
+    plan = OutboxChaosPlan(
+        args.store,
+        args.messages,
+        args.keys,
+        args.producers,
+        args.relays,
+        args.workers,
+        args.shards,
+        args.rounds,
+        drain_timeout=args.drain_timeout,
+        seed=args.seed,
+    )
+    started = time.monotonic()
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
+
+    summary = run_outbox_chaos(plan, workdir, log)
+    for key, value in summary.items():
+        print(f"{key}={value}")
+    if summary["invariant_holds"]:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"INVARIANT VIOLATED; processes' output and databases kept in {workdir}")
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+    return EXIT_OK if summary["invariant_holds"] else EXIT_INVARIANT
 
 
 def cluster_main(args: argparse.Namespace) -> int:

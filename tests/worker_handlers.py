@@ -23,3 +23,28 @@ def timed_sleep(task: Task, db: Any) -> None:
         "INSERT INTO handler_runs VALUES (?, ?, ?, ?)",
         (task.message_id, os.getpid(), started, time.time()),
     )
+
+
+FOLLOW_UP_ROUTING_KEY = "follow-up"
+
+
+def emit_follow_up(task: Task, db: Any) -> None:
+    """Write ``body["n"]`` to ``applied`` and add a follow-up to the outbox in the same
+    transaction (message_id ``follow-<message_id>``, routing key ``follow-up`` on the same
+    exchange); with ``body["fail_once"]`` raise TransientError on the first attempt, after
+    both writes, so they roll back together."""
+    from amqp_lab.errors import TransientError
+    from amqp_lab.message import OutgoingMessage, encode_json
+    from amqp_lab.outbox import add
+
+    db.execute("CREATE TABLE IF NOT EXISTS applied (message_id TEXT, n INTEGER)")
+    db.execute("INSERT INTO applied VALUES (?, ?)", (task.message_id, task.body["n"]))
+    follow_up = OutgoingMessage(
+        body=encode_json({"of": task.message_id, "attempt": task.attempt}),
+        message_id=f"follow-{task.message_id}",
+        exchange=task.exchange,
+        routing_key=FOLLOW_UP_ROUTING_KEY,
+    )
+    add(db, follow_up, key=str(task.body.get("key", "")) or None)
+    if task.body.get("fail_once") and task.attempt == 1:
+        raise TransientError("fails once, after its writes and its follow-up")

@@ -21,7 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from amqp_lab.cli.common import EXIT_OK, load_callable, run, settings_from_env, topology_from
+from amqp_lab.cli.relay import start_worker_relay
 from amqp_lab.cli.state import default_dedup_path
 from amqp_lab.cli.worker_config import WorkerConfig, configs_from, ordered_refusals
 from amqp_lab.cli.worker_options import worker_parser
@@ -41,7 +44,8 @@ __all__ = ["default_dedup_path", "entry", "main", "ordered_refusals", "say"]
 
 
 class Background(Protocol):
-    """Something the worker runs beside its consumer and stops after it (the dedup purge)."""
+    """Something the worker runs beside its consumer and stops after it (the dedup purge, the
+    outbox relay)."""
 
     def stop(self, timeout: float = ...) -> None: ...
 
@@ -63,13 +67,17 @@ def main(
     settings = settings_from_env("amqp-lab worker", heartbeat=args.heartbeat)
     if args.log_format == "json":
         use_json_logs(queue=config.queue_name, vhost=settings.vhost)
-    metrics = _metrics(args, settings, config.queue_name)
+    metrics, registry = _metrics(args, settings, config.queue_name)
     handler = check_handler(load_callable(args.handler), args.handler)
-    store = open_store(args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir))
+    store_url = args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir)
+    store = open_store(store_url)
     background: list[Background] = []
     try:
         background.append(PeriodicPurge(store, config.retention, args.purge_interval).start())
         consumer = _consumer(args, settings, config, handler, store, metrics)
+        # --outbox: the relay thread (it drains at the stop; a relay that fails for good stops
+        # the consumer, and its stop raises what ended it)
+        background.append(start_worker_relay(args, settings, store_url, registry, consumer.stop))
         handled, exit_code = _run(args, consumer)
     finally:
         for task in reversed(background):
@@ -88,9 +96,12 @@ def main(
     return exit_code or EXIT_OK
 
 
-def _metrics(args: argparse.Namespace, settings: BrokerSettings, queue: str) -> ConsumerMetrics:
+def _metrics(
+    args: argparse.Namespace, settings: BrokerSettings, queue: str
+) -> tuple[ConsumerMetrics, CollectorRegistry]:
     """The worker's metrics on a registry of its own (main() may run twice in one process),
-    served on ``--metrics-port`` when given. Raises ConfigurationError for a taken port."""
+    served on ``--metrics-port`` when given (the registry: the outbox relay's metrics join
+    it). Raises ConfigurationError for a taken port."""
     registry = process_registry()
     metrics = ConsumerMetrics(settings.vhost, queue, registry)
     if args.metrics_port is not None:
@@ -102,7 +113,7 @@ def _metrics(args: argparse.Namespace, settings: BrokerSettings, queue: str) -> 
             ) from e
         url = f"http://{args.metrics_host}:{server.server_port}/metrics"
         say(args.log_format, "metrics", f"metrics on {url}", url=url)
-    return metrics
+    return metrics, registry
 
 
 def _consumer(

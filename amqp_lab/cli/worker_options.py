@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from amqp_lab.cli.common import add_topology_option
 from amqp_lab.cli.parser import CommandParser
+from amqp_lab.cli.relay import add_outbox_options
 from amqp_lab.dedup.retention import (
     DAY,
     DEFAULT_PURGE_INTERVAL,
@@ -267,5 +268,6 @@ OPTION_GROUPS: list[OptionGroup] = [
     _bounds,
     _dedup,
     _observability,
+    add_outbox_options,
 ]
 """The worker's option groups, in ``--help`` order; each adds one argument group."""

@@ -57,7 +57,7 @@ _InFlight = tuple[list[Delivery], "Future[None] | None"]
 class Consumer(OnEngine):
     """Consumes ``config.queue`` until idle_exit, max_messages, or :meth:`stop`; ``state`` is
     its :class:`~amqp_lab.lifecycle.State`. ``on_report`` gets every delivery's report;
-    ``observer`` (e.g. :class:`amqp_lab.observability.metrics.ConsumerMetrics`) the events an
+    ``observer`` (e.g. :class:`amqp_lab.exporters.metrics.ConsumerMetrics`) the events an
     operator counts. Each delivery gets an OpenTelemetry ``process`` span in the trace its
     ``traceparent`` header carries (:mod:`amqp_lab.observability.tracing`; a no-op without an
     SDK)."""

@@ -4,7 +4,7 @@
 :class:`~amqp_lab.ordering.OrderedConsumer` call a :class:`ConsumerObserver` at the points an
 operator cares about; :data:`NO_OBSERVER` does nothing and is the default, so a consumer
 without metrics pays one method call per event. The Prometheus implementation is
-:class:`amqp_lab.observability.metrics.ConsumerMetrics`; this module imports no metrics library.
+:class:`amqp_lab.exporters.metrics.ConsumerMetrics`; this module imports no metrics library.
 
 Calls come from the consumer's I/O thread, except :meth:`ConsumerObserver.store_call`, which
 handler threads make: implementations must be thread-safe.

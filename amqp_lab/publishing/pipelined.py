@@ -153,6 +153,16 @@ class PipelinedPublisher(PublisherIo):
         self._hand_over([Pending(message, settle)])
         return future
 
+    def publish_each(self, messages: list[tuple[OutgoingMessage, Outcome]]) -> None:
+        """Hand over every ``(message, callback)`` pair at once, each ``callback(message,
+        error)`` called on the I/O thread with its own outcome, without a Future per message
+        (the outbox relay's path); blocks while the window is full. A callback must not
+        publish: it runs on the I/O thread, which alone frees window room."""
+        chunk = max(1, self.window // 4)
+        items = [Pending(message, callback) for message, callback in messages]
+        for i in range(0, len(items), chunk):
+            self._hand_over(items[i : i + chunk])
+
     def publish(self, message: OutgoingMessage, timeout: float | None = 60) -> None:
         """Publish and wait for this message's outcome; raises it (see the module doc)."""
         self.publish_async(message).result(timeout)
@@ -193,6 +203,15 @@ class PipelinedPublisher(PublisherIo):
         if not self._wake_pending.is_set():
             self._wake_pending.set()
             self._ioloop.add_callback_threadsafe(self._on_wake)
+
+    @property
+    def failure(self) -> AmqpLabError | None:
+        """The error that ended this publisher for good (every later publish raises it), or
+        None while it works: reconnects ran out, the credentials or the vhost were refused,
+        the broker blocked the connection past its timeout, or its I/O thread stopped."""
+        if self._failure is None and not self._thread.is_alive() and not self._closing:
+            return PublishFailed("the publisher's I/O thread stopped")
+        return self._failure
 
     def close(self, flush_timeout: float = 60) -> None:
         """Wait up to ``flush_timeout`` seconds for what is in flight, then close the connection

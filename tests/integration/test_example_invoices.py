@@ -167,3 +167,34 @@ def test_a_replayed_invoice_is_handled_again_and_dead_lettered_again(
             db.execute("SELECT name FROM sqlite_master WHERE name = 'invoices_sent'").fetchall()
             == []
         )
+
+
+@pytest.mark.timeout(120)
+def test_invoices_issued_through_the_outbox_reach_the_worker_only_when_committed(
+    invoices: BrokerSettings, tmp_path: Path
+) -> None:
+    """examples.invoices.outbox stores each invoice and its message in one transaction of the
+    application's database; scripts/relay.py publishes what committed; the worker handles it.
+    The invoice whose transaction rolled back is in neither table and never published."""
+    billing = tmp_path / "billing.sqlite3"
+    issued = subprocess.run(
+        [sys.executable, "-m", "examples.invoices.outbox", "--db", str(billing), "--fail-last"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert issued.returncode == 0, issued.stdout + issued.stderr
+    assert issued.stdout.splitlines() == [
+        "invoice_id=inv-1 status=committed",
+        "invoice_id=inv-2 status=committed",
+        "invoice_id=inv-3 status=rolled-back",
+    ]
+    relay = run_script(invoices, "relay.py", "--outbox-url", str(billing), "--idle-exit", "1")
+    assert relay.returncode == 0, relay.stdout + relay.stderr
+    assert [r["message_id"] for r in parse_lines(relay.stdout)] == ["inv-1", "inv-2"]
+    assert outcomes(work(invoices, tmp_path / "dedup.sqlite3")) == {
+        "inv-1": [("processed", "1")],
+        "inv-2": [("processed", "1")],
+    }
+    assert [r[0] for r in sent(tmp_path / "dedup.sqlite3")] == ["inv-1", "inv-2"]

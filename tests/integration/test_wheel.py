@@ -27,6 +27,7 @@ COMMANDS = (
     "amqp-lab-dlq",
     "amqp-lab-replay",
     "amqp-lab-console",
+    "amqp-lab-relay",
 )
 
 pytestmark = [pytest.mark.integration]
@@ -134,9 +135,18 @@ def test_an_installed_wheel_applies_the_packaged_topology_and_runs_your_handler(
 
     with sqlite3.connect(store) as db:
         assert db.execute("SELECT message_id, invoice FROM sent").fetchall() == [("inv-1", "INV-1")]
+    # the outbox relay is installed too: its tables' SQL for your migrations, and a relay run
+    schema = run_in(app, vhost, str(installed / "amqp-lab-relay"), "schema", "--dialect", "sqlite")
+    assert schema.returncode == 0 and "CREATE TABLE IF NOT EXISTS amqp_lab_outbox" in schema.stdout
+    relay = run_in(
+        app, vhost, str(installed / "amqp-lab-relay"),
+        "--outbox-url", str(store), "--idle-exit", "0.5",
+    )  # fmt: skip
+    assert relay.returncode == 0, relay.stderr
+    assert "relay stopped (idle for 0.5 s): 0 sent" in relay.stdout
 
 
-def test_the_wheel_installs_the_five_commands(installed: Path, tmp_path: Path) -> None:
+def test_the_wheel_installs_every_command(installed: Path, tmp_path: Path) -> None:
     for command in COMMANDS:
         assert (installed / command).is_file(), command
         help_ = subprocess.run(

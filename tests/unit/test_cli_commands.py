@@ -27,10 +27,11 @@ COMMANDS = {
     "amqp-lab-dlq": "amqp_lab.cli.dlq:entry",
     "amqp-lab-replay": "amqp_lab.cli.replay:entry",
     "amqp-lab-console": "amqp_lab.cli.console:entry",
+    "amqp-lab-relay": "amqp_lab.cli.relay:entry",
 }
 
 
-def test_the_five_commands_are_installed_with_the_package() -> None:
+def test_the_commands_are_installed_with_the_package() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"] == COMMANDS
     for target in COMMANDS.values():

@@ -50,7 +50,14 @@ EXPORTER_METRICS = {
     "amqp_lab_dlq_oldest_record_age_seconds",
     "amqp_lab_queue_probe_success",
 }
-KNOWN = WORKER_METRICS | PUBLISHER_METRICS | EXPORTER_METRICS | {"up"}
+OUTBOX_METRICS = {
+    "amqp_lab_outbox_rows",
+    "amqp_lab_outbox_oldest_pending_age_seconds",
+    "amqp_lab_outbox_relay_lag_seconds",
+    "amqp_lab_outbox_relayed_total",
+    "amqp_lab_outbox_relays",
+}
+KNOWN = WORKER_METRICS | PUBLISHER_METRICS | EXPORTER_METRICS | OUTBOX_METRICS | {"up"}
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 # what is not a metric name: strings, label matchers, ranges, grouping clauses, durations
@@ -132,6 +139,12 @@ def test_the_rules_use_only_known_metric_names() -> None:
     used = {name for rule in rules() for name in metric_names(rule["expr"])}
     assert used - KNOWN == set()
     assert used >= EXPORTER_METRICS  # each exporter metric is alerted on
+    # the outbox's depth, oldest pending age and relay lag each have a rule
+    assert {
+        "amqp_lab_outbox_rows",
+        "amqp_lab_outbox_oldest_pending_age_seconds",
+        "amqp_lab_outbox_relay_lag_seconds",
+    } <= used
 
 
 def test_every_rule_has_for_severity_summary_and_description() -> None:
@@ -162,7 +175,7 @@ def test_the_scrape_config_loads_the_rules_and_has_the_jobs_the_rules_name() -> 
     config = yaml.safe_load(PROMETHEUS.read_text())
     assert [(PROMETHEUS.parent / f).resolve() for f in config["rule_files"]] == [ALERTS.resolve()]
     jobs = {job["job_name"] for job in config["scrape_configs"]}
-    assert {"amqp-lab-exporter", "amqp-lab-worker", "amqp-lab-publisher"} <= jobs
+    assert {"amqp-lab-exporter", "amqp-lab-worker", "amqp-lab-publisher", "amqp-lab-relay"} <= jobs
     named = {job for rule in rules() for job in re.findall(r'job="([^"]+)"', rule["expr"])}
     assert named and named <= jobs
 
@@ -232,6 +245,7 @@ def test_the_names_here_are_the_ones_the_code_registers() -> None:
     from prometheus_client import CollectorRegistry
 
     from amqp_lab.exporters.metrics import ConsumerMetrics, PublisherMetrics
+    from amqp_lab.exporters.outbox_metrics import OutboxMetrics
 
     def registered(registry: CollectorRegistry) -> set[str]:
         names = set()
@@ -240,8 +254,10 @@ def test_the_names_here_are_the_ones_the_code_registers() -> None:
             names.add(family.name + ("_total" if kind == "counter" else ""))
         return names
 
-    consumer, publisher = CollectorRegistry(), CollectorRegistry()
+    consumer, publisher, outbox = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     ConsumerMetrics("v", "q", consumer)
     PublisherMetrics("v", publisher)
+    OutboxMetrics("v", "db", outbox)
     assert registered(consumer) == WORKER_METRICS
     assert registered(publisher) == PUBLISHER_METRICS
+    assert registered(outbox) == OUTBOX_METRICS

@@ -135,3 +135,21 @@ def test_the_example_topology_has_its_own_names() -> None:
             "dead-letter-exchange": "invoices.retry",
             "message-ttl": 300000,
         }
+
+
+def test_invoices_issued_through_the_outbox_commit_with_their_message_or_not_at_all(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    from examples.invoices.outbox import issue_invoices
+
+    db = sqlite3.connect(tmp_path / "billing.sqlite3")
+    results = issue_invoices(db, invoices(3), fail_last=True)
+    assert results == [("inv-1", "committed"), ("inv-2", "committed"), ("inv-3", "rolled-back")]
+    assert [r[0] for r in db.execute("SELECT invoice_id FROM invoices ORDER BY 1")] == [
+        "inv-1",
+        "inv-2",
+    ]
+    rows = db.execute("SELECT message_id, exchange, routing_key FROM amqp_lab_outbox ORDER BY id")
+    assert rows.fetchall() == [("inv-1", "invoices", "invoice"), ("inv-2", "invoices", "invoice")]

@@ -58,8 +58,10 @@ def test_help_groups_the_options_by_concept() -> None:
     assert "--handler" in groups["what it consumes and runs"]
     assert groups["options"] == ["-h"]  # nothing left ungrouped
     grouped = [o for g in groups.values() for o in g]
-    assert len(grouped) == len(set(grouped)) == 30  # -h and the 29 options of before
-    assert len(OPTION_GROUPS) == 7
+    # -h, the 29 options of before and the outbox relay's 6 (--outbox, --outbox-*)
+    assert len(grouped) == len(set(grouped)) == 36
+    assert "--outbox" in groups["outbox (docs/outbox.md)"]
+    assert len(OPTION_GROUPS) == 8
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,158 @@
+"""What an operator and the metrics read and change in an outbox: its status, the relays'
+heartbeats, the rows the broker refused (list, retry, discard).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from amqp_lab.dedup.base import HandlerDb
+from amqp_lab.outbox.db import OutboxDb, number
+from amqp_lab.outbox.sql import in_list, status_sql
+from amqp_lab.outbox.status import FailedRow, OutboxStatus, RelaySeen
+
+__all__ = ["RELAY_SEEN_WITHIN", "OutboxAdmin"]
+
+RELAY_SEEN_WITHIN = 60.0
+"""Seconds: a relay whose heartbeat is more recent is counted as running."""
+
+
+class OutboxAdmin(OutboxDb):
+    """An outbox's status and operations (see :class:`~amqp_lab.outbox.db.OutboxDb` for the
+    arguments and the errors)."""
+
+    def status(self) -> OutboxStatus:
+        """The outbox now (:class:`~amqp_lab.outbox.status.OutboxStatus`)."""
+
+        def work(db: HandlerDb) -> tuple[OutboxStatus, float | None]:
+            now = self._now(db)
+            row = db.execute(status_sql(self.dialect), (now, now, now, now)).fetchone()
+            relays = tuple(
+                RelaySeen(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]))
+                for r in db.execute(
+                    "SELECT relay_id, host, pid, started_at, seen_at FROM amqp_lab_outbox_relays"
+                    " WHERE seen_at >= ? ORDER BY started_at",
+                    (now - RELAY_SEEN_WITHIN,),
+                ).fetchall()
+            )
+            oldest = None if row[5] is None else max(0.0, now - number(row[5], now))
+            status = OutboxStatus(
+                now, int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), oldest, relays
+            )
+            return status, None if row[6] is None else number(row[6], now)
+
+        status, self.next_wake = self._run("read the status of", work)
+        return status
+
+    next_wake: float | None = None
+    """After :meth:`status`: the earliest future time a pending row becomes due (or None)."""
+
+    def next_due(self, exclude: Sequence[int] = ()) -> float | None:
+        """Seconds until the earliest pending row not yet due becomes due - a scheduled row,
+        or a refused one's next try - among rows not in ``exclude`` (None: none is ahead).
+        Parked rows never become due."""
+
+        def work(db: HandlerDb) -> float | None:
+            now = self._now(db)
+            kept, params = in_list(self.dialect, "id", exclude, negate=True)
+            row = db.execute(
+                "SELECT min(available_at) FROM amqp_lab_outbox WHERE sent_at IS NULL"
+                f" AND available_at > ? AND available_at < 1e300 AND {kept}",
+                (now, *params),
+            ).fetchone()
+            return None if row[0] is None else max(0.0, number(row[0], now) - now)
+
+        return self._run("read the next due time of", work)
+
+    def heartbeat(self, relay_id: str, started_at: float) -> None:
+        """Record that relay ``relay_id`` (this host and process) is running; forget relays
+        not heard from for a day."""
+
+        def work(db: HandlerDb) -> None:
+            now = self._now(db)
+            db.execute(
+                "INSERT INTO amqp_lab_outbox_relays (relay_id, host, pid, started_at, seen_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (relay_id) DO UPDATE SET"
+                " seen_at = excluded.seen_at",
+                (relay_id, socket.gethostname(), os.getpid(), started_at, now),
+            )
+            db.execute("DELETE FROM amqp_lab_outbox_relays WHERE seen_at < ?", (now - 86400,))
+
+        self._run("write a heartbeat to", work)
+
+    def forget_relay(self, relay_id: str) -> None:
+        """Remove relay ``relay_id``'s heartbeat (a clean stop)."""
+        self._run(
+            "remove a heartbeat from",
+            lambda db: db.execute(
+                "DELETE FROM amqp_lab_outbox_relays WHERE relay_id = ?", (relay_id,)
+            ),
+        )
+
+    def failed(self, limit: int = 100) -> list[FailedRow]:
+        """The first ``limit`` pending rows whose last publish was refused, oldest first."""
+
+        def work(db: HandlerDb) -> list[FailedRow]:
+            rows = db.execute(
+                "SELECT message_id, ordering_key, exchange, routing_key, tries, last_error,"
+                " refused_at, available_at FROM amqp_lab_outbox WHERE sent_at IS NULL"
+                " AND last_error IS NOT NULL ORDER BY id LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return [_failed_row(r) for r in rows]
+
+        return self._run("list refused rows of", work)
+
+    def retry(self, message_id: str | None) -> int:
+        """Make refused rows (one, or all with None) due now - parked ones included - unless a
+        relay holds them; how many."""
+
+        def work(db: HandlerDb) -> int:
+            now = self._now(db)
+            which = "" if message_id is None else " AND message_id = ?"
+            return int(
+                db.execute(
+                    "UPDATE amqp_lab_outbox SET available_at = ? WHERE sent_at IS NULL"
+                    " AND last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= ?)"
+                    + which,
+                    (now, now) + (() if message_id is None else (message_id,)),
+                ).rowcount
+            )
+
+        return self._run("retry refused rows of", work)
+
+    def discard(self, message_id: str) -> FailedRow | None:
+        """Delete the refused row ``message_id`` (it will never be published; its key's later
+        rows go on) unless a relay holds it; the row, or None when there is no such refused
+        row."""
+
+        def work(db: HandlerDb) -> FailedRow | None:
+            now = self._now(db)
+            row = db.execute(
+                "DELETE FROM amqp_lab_outbox WHERE message_id = ? AND sent_at IS NULL"
+                " AND last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= ?)"
+                " RETURNING message_id, ordering_key, exchange, routing_key, tries, last_error,"
+                " refused_at, available_at",
+                (message_id, now),
+            ).fetchone()
+            return None if row is None else _failed_row(row)
+
+        return self._run("discard a row of", work)
+
+
+def _failed_row(r: Sequence[Any]) -> FailedRow:
+    retry_at = number(r[7], math.inf)
+    return FailedRow(
+        str(r[0]),
+        r[1] if isinstance(r[1], str) else None,
+        str(r[2]),
+        str(r[3]),
+        int(number(r[4])),
+        str(r[5]),
+        None if r[6] is None else number(r[6]),
+        None if not math.isfinite(retry_at) or retry_at > 1e300 else retry_at,
+    )

@@ -1,0 +1,178 @@
+"""One connection to an outbox database (psycopg 3 or sqlite3), its transactions and its
+clock, for the relay's store (:mod:`amqp_lab.outbox.store`) and the operator's commands
+(:mod:`amqp_lab.outbox.admin`). Used from one thread.
+
+Every call runs in a transaction of its own - ``BEGIN IMMEDIATE`` on SQLite, so it waits up to
+``busy_timeout`` for the write lock - and raises OutboxUnavailable when the database cannot be
+reached (the connection is dropped and reopened by the next call) or OutboxError for any other
+failure, with the password masked.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from amqp_lab.dedup import store_kind
+from amqp_lab.dedup.base import Dialect, HandlerDb
+from amqp_lab.errors import OutboxError, OutboxUnavailable
+from amqp_lab.outbox.sql import now_sql
+from amqp_lab.outbox.write import _create
+from amqp_lab.settings import mask_secrets, mask_url
+
+__all__ = ["OutboxDb", "number"]
+
+T = TypeVar("T")
+
+
+def number(value: Any, default: float = 0.0) -> float:
+    """``value`` as a finite float, ``default`` for anything else (a hostile row's column)."""
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        return default
+    return result if math.isfinite(result) else default
+
+
+class OutboxDb:
+    """The connection to the outbox in the database ``url_or_path`` names
+    (:func:`amqp_lab.dedup.store_kind`: a SQLite path or ``sqlite:///PATH``,
+    ``postgresql://...``). ``clock``: SQLite's time (epoch seconds); ``busy_timeout`` (s): how
+    long SQLite waits for the write lock; ``connect_timeout`` (s): PostgreSQL's. The tables
+    are created when missing."""
+
+    def __init__(
+        self,
+        url_or_path: str | Path,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = 30.0,
+        connect_timeout: int = 10,
+        application_name: str = "amqp-lab relay",
+    ) -> None:
+        self.dialect: Dialect
+        self.dialect, self.target = store_kind(url_or_path)
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._connect_timeout = connect_timeout
+        self._application_name = application_name
+        self._password = ""
+        if self.dialect == "postgresql":
+            try:
+                self._password = str(conninfo_to_dict(self.target).get("password") or "")
+            except psycopg.Error as e:
+                raise OutboxError(f"malformed outbox URL {mask_url(self.target)!r}") from e
+        elif self.target == ":memory:":
+            raise OutboxError("an outbox in ':memory:' is seen by one connection only: give a file")
+        self._connection: Any = None
+        self._run("create the outbox tables in", _create)
+
+    @property
+    def location(self) -> str:
+        """Where the outbox is: the SQLite path, or the URL with its password masked."""
+        return mask_secrets(self.target, self._password) if self._password else self.target
+
+    @property
+    def lock_path(self) -> Path | None:
+        """SQLite: the lock file whose holder is the one relay (None on PostgreSQL)."""
+        return None if self.dialect == "postgresql" else Path(self.target + ".relay-lock")
+
+    # --- connection and transactions ----------------------------------------------------------
+    def _connect(self) -> Any:
+        if self._connection is not None:
+            broken = self.dialect == "postgresql" and (
+                self._connection.closed or self._connection.broken
+            )
+            if not broken:
+                return self._connection
+            self.close()
+        if self.dialect == "postgresql":
+            self._connection = psycopg.connect(
+                self.target,
+                autocommit=False,
+                connect_timeout=self._connect_timeout,
+                application_name=self._application_name,
+            )
+        else:
+            Path(self.target).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(
+                self.target,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            db.execute("PRAGMA synchronous=FULL")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                with suppress(sqlite3.OperationalError):  # another process is switching it
+                    db.execute("PRAGMA journal_mode=WAL")
+            self._connection = db
+        return self._connection
+
+    def _error(self, what: str, e: BaseException) -> OutboxError:
+        text = mask_secrets(" ".join(str(e).split()), self._password) if self._password else str(e)
+        lost = isinstance(e, psycopg.OperationalError | OSError) or (
+            isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+        )
+        if self.dialect == "postgresql" and self._connection is not None:
+            lost = lost or self._connection.broken or self._connection.closed
+        kind = OutboxUnavailable if lost else OutboxError
+        return kind(f"cannot {what} outbox {self.location}: {' '.join(text.split())}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[HandlerDb]:
+        db = self._connect()
+        if self.dialect == "sqlite":
+            db.execute("BEGIN IMMEDIATE")
+        try:
+            yield HandlerDb(db, self.dialect)
+        except BaseException:
+            with suppress(Exception):
+                db.rollback() if self.dialect == "postgresql" else db.execute("ROLLBACK")
+            raise
+        if self.dialect == "postgresql":
+            db.commit()
+        else:
+            db.execute("COMMIT")
+
+    def _run(self, what: str, work: Callable[[HandlerDb], T]) -> T:
+        try:
+            with self._transaction() as db:
+                return work(db)
+        except OutboxError:
+            raise
+        except (psycopg.Error, sqlite3.Error, OSError) as e:
+            error = self._error(what, e)
+            if isinstance(error, OutboxUnavailable):
+                self.close()
+            raise error from e
+
+    def _now(self, db: HandlerDb, relaxed: bool = False) -> float:
+        """The database's clock. ``relaxed`` (PostgreSQL): this transaction commits without
+        waiting for its WAL flush (``synchronous_commit`` off, for this transaction only) -
+        for the relay's leases and outcomes, where a commit lost in a server crash only
+        makes rows go again (a duplicate, same message_id), never lost or reordered. An
+        operator's retry or discard, and every writer's add and cancel, stay durable."""
+        statement = now_sql(self.dialect)
+        if statement is None:
+            return self._clock()
+        if relaxed:
+            statement += ", set_config('synchronous_commit', 'off', true)"
+        return float(db.execute(statement).fetchone()[0])
+
+    def now(self) -> float:
+        """The database's clock, epoch seconds."""
+        return self._run("read the clock of", self._now)
+
+    def close(self) -> None:
+        """Close the connection (the next call opens a new one)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with suppress(Exception):
+                connection.close()

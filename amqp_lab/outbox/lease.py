@@ -1,0 +1,46 @@
+"""A leased batch, as the relay's store hands it over (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqp_lab.outbox.db import number
+from amqp_lab.outbox.row import OutboxRow
+
+__all__ = ["Lease", "leased_row"]
+
+
+@dataclass
+class Lease:
+    """One leased batch: ``rows`` by id, ``chains`` (:mod:`amqp_lab.outbox.chains`),
+    ``db_now`` (the database's clock at the lease) and ``local_now`` (``time.time()`` then:
+    their difference turns a local confirm time into the database's)."""
+
+    rows: dict[int, OutboxRow] = field(default_factory=dict)
+    chains: list[list[int]] = field(default_factory=list)
+    db_now: float = 0.0
+    local_now: float = 0.0
+
+
+def leased_row(values: Sequence[Any]) -> OutboxRow:
+    """An OutboxRow from a RETURNING row, whatever a hostile row holds: numbers that are not
+    numbers read as 0 (the message itself is checked by row.message_of)."""
+    (row_id, message_id, key, exchange, routing_key, properties, headers, body) = values[:8]
+    traceparent, tracestate, created_at, due_at, tries = values[8:13]
+    return OutboxRow(
+        id=int(row_id),
+        message_id=message_id,
+        ordering_key=key if isinstance(key, str) else None,
+        exchange=exchange,
+        routing_key=routing_key,
+        properties=properties,
+        headers=bytes(headers) if isinstance(headers, bytes | memoryview) else headers,
+        body=bytes(body) if isinstance(body, memoryview) else body,
+        traceparent=traceparent if isinstance(traceparent, str) else None,
+        tracestate=tracestate if isinstance(tracestate, str) else None,
+        created_at=number(created_at),
+        due_at=None if due_at is None else number(due_at),
+        tries=int(number(tries, 1)),
+    )

@@ -1,0 +1,358 @@
+"""The relay: publishes committed outbox rows with publisher confirms and ``mandatory``.
+
+One loop on one thread: lease a batch (:meth:`~amqp_lab.outbox.store.OutboxStore.lease`),
+hand each chain's first row to a :class:`~amqp_lab.publishing.pipelined.PipelinedPublisher`
+(its confirm callbacks come back through a queue), hand a key's next row over once the
+previous one is confirmed (:class:`~amqp_lab.outbox.chains.ChainRun`), and record every
+row's outcome once its batch is settled (:meth:`~amqp_lab.outbox.store.OutboxStore.complete`).
+Up to ``batches`` batches are in flight, so leasing and recording overlap publishing.
+
+What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
+
+* the database is down or restarts: every store call raises OutboxUnavailable; the relay
+  retries with backoff and keeps its batches' outcomes until it can record them (a lease it
+  cannot renew expires: another relay publishes those rows again, a duplicate);
+* the broker closes, blocks or restarts: the publisher republishes what is unconfirmed (same
+  message_id) or fails it; a failed publisher is replaced after a backoff; rows without an
+  answer are ``lost`` and leased again; the credentials or the vhost refused are fatal;
+* the broker refuses a row: it stays with its error and holds its key's later rows only;
+* the relay is stopped: it waits ``drain_timeout`` for the confirms in flight, records, and
+  releases its leases; killed, its leases expire (SQLite: the next relay releases them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from amqp_lab.errors import OutboxError, OutboxUnavailable
+from amqp_lab.outbox.flight import Flight
+from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
+from amqp_lab.outbox.outcomes import describe
+from amqp_lab.outbox.store import OutboxStore
+from amqp_lab.outbox.wake import NotifyListener, RelayLock
+from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
+from amqp_lab.retry.policy import full_jitter
+from amqp_lab.settings import BrokerSettings
+
+__all__ = ["OutboxRelay"]
+
+log = logging.getLogger(__name__)
+
+
+class OutboxRelay:
+    """Relay the outbox at ``outbox`` (a SQLite path, ``sqlite:///PATH`` or a PostgreSQL URL)
+    to the broker of ``settings`` until :meth:`stop` (or ``config.idle_exit``).
+    ``observer`` gets each row's outcome and the status; ``publisher_observer`` the
+    publisher's events (:class:`~amqp_lab.exporters.metrics.PublisherMetrics`);
+    ``on_report`` a :class:`~amqp_lab.outbox.observer.RelayReport` per row settled;
+    ``clock``: SQLite's time (epoch seconds)."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        outbox: str | Path,
+        config: RelayConfig | None = None,
+        *,
+        observer: RelayObserver = NO_RELAY_OBSERVER,
+        publisher_observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
+        on_report: Callable[[RelayReport], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings, self.outbox, self.clock = settings, outbox, clock
+        self.config = config = config or RelayConfig()
+        self.observer, self.publisher_observer = observer, publisher_observer
+        self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stop_reason: str | None = None
+        self.failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._notified = threading.Event()
+        self.flight = Flight(config, observer, on_report, self._wake.set)
+        self._store: OutboxStore | None = None
+        self._listener: NotifyListener | None = None
+        self._lock: RelayLock | None = None
+        self._next_lease = 0.0  # monotonic: lease again from then on
+        self._store_ok_at = 0.0  # monotonic: the store's backoff ends
+        self._store_failures = 0
+        self._next_status = 0.0
+        self._next_renew = 0.0
+        self._started = 0.0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def sent(self) -> int:
+        """Rows the broker confirmed."""
+        return self.flight.sent
+
+    @property
+    def refused(self) -> int:
+        """Publishes the broker refused."""
+        return self.flight.refused
+
+    @property
+    def lost(self) -> int:
+        """Publishes without an answer (to go again)."""
+        return self.flight.lost
+
+    # --- control ---------------------------------------------------------------------------
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop from any thread: no new lease; the confirms in flight are awaited up to
+        ``drain_timeout``, outcomes recorded, leases released."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stopping.set()
+        self._wake.set()
+
+    def start_thread(self, on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        """Run on a daemon thread; a fatal error lands in :attr:`failure` and ``on_fatal``."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:  # the thread's end: hand it over, never lose it
+                self.failure = e
+                log.error("the outbox relay stopped: %s", describe(e))
+                if on_fatal is not None:
+                    on_fatal(e)
+
+        self._thread = threading.Thread(target=target, name="amqp-lab-outbox-relay", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread :meth:`start_thread` started."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        """Rows leased and not yet recorded."""
+        return len(self.flight.held())
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Relay until stopped; returns the rows sent. Raises AuthenticationFailed /
+        VhostAccessDenied (the broker refused the relay), OutboxError (the outbox cannot be
+        used: not an outage), ConfigurationError."""
+        self._started = self.clock()
+        idle_since, idle = time.monotonic(), self.config.idle_exit
+        try:
+            self._open()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                busy = self.flight.take_outcomes()
+                busy = self._record() or busy
+                busy = self._lease() or busy
+                self._housekeeping()
+                now = time.monotonic()
+                if busy or self.flight.batches or self.flight.unrecorded:
+                    idle_since = now
+                elif idle is not None and now - idle_since >= idle:
+                    self.stop(f"idle for {idle:g} s")
+                    break
+                if not busy:
+                    self._wake.wait(self._sleep_for(now))
+        finally:
+            self._shutdown()
+        return self.sent
+
+    def _open(self) -> None:
+        """The store (retried while the database is unreachable), the listener, the lock."""
+        while self._store is None and not self._stopping.is_set():
+            try:
+                self._store = OutboxStore(self.outbox, clock=self.clock)
+            except OutboxUnavailable as e:
+                self._store_down(e)
+                self._stopping.wait(max(0.0, self._store_ok_at - time.monotonic()))
+        store = self._store
+        if store is None:
+            return
+        if store.dialect == "postgresql" and self.config.listen:
+            self._listener = NotifyListener(store.target, self._on_notify).start()
+        if store.lock_path is not None:
+            self._lock = RelayLock(store.lock_path)
+
+    def _on_notify(self) -> None:
+        """On the listener's thread: a transaction that added rows committed."""
+        self._notified.set()
+        self._wake.set()
+
+    def _sleep_for(self, now: float) -> float:
+        deadlines = [self._next_lease, self._next_status, now + 1.0]
+        if self.flight.batches:
+            deadlines.append(self._next_renew)
+        return max(0.001, min(deadlines) - now)
+
+    # --- outcomes --------------------------------------------------------------------------------
+    def _record(self) -> bool:
+        """Record finished batches' outcomes, oldest first; False when the store is down."""
+        store = self._store
+        waiting = self.flight.unrecorded
+        if not waiting or store is None or time.monotonic() < self._store_ok_at:
+            return False
+        while waiting:
+            results = list(waiting[0].results.values())
+            try:
+                store.complete(self.relay_id, results, self.config.keep_sent > 0)
+            except OutboxUnavailable as e:
+                self._store_down(e)
+                return False
+            self._store_up()
+            waiting.pop(0)
+            self._next_lease = 0.0  # the keys it held may have rows ready now
+        return True
+
+    # --- leasing and publishing ----------------------------------------------------------------
+    def _lease(self) -> bool:
+        store, now = self._store, time.monotonic()
+        if (
+            store is None
+            or self._stopping.is_set()
+            or len(self.flight.batches) >= self.config.batches
+            or now < self._store_ok_at
+            or (now < self._next_lease and not self._notified.is_set())
+            or not self._hold_lock(store)
+            or not self._ensure_publisher()
+        ):
+            return False
+        self._notified.clear()
+        exclude, cfg = self.flight.held(), self.config
+        try:
+            held = self.flight.held_keys()
+            lease = store.lease(
+                self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude, held
+            )
+            tails = self.flight.tails()
+            if not lease.rows and tails:  # the next rows of the keys in flight, to follow them
+                lease = store.lease_after(
+                    self.relay_id, cfg.lease, tails, cfg.batch_rows, cfg.batch_bytes
+                )
+            if not lease.rows:
+                wait = store.next_due(exclude)
+        except OutboxUnavailable as e:
+            self._store_down(e)
+            return False
+        self._store_up()
+        if not lease.rows:
+            # nothing leasable: lease again at the next due time if it comes before the poll.
+            # Rows due already are held - behind a key's leased head, or leased - and become
+            # leasable only when a batch is recorded (which leases at once) or another
+            # relay's lease expires (the poll): leasing in between would spin on the database
+            poll = self._poll(store)
+            ahead = poll if wait is None or wait <= 0 else min(poll, wait)
+            self._next_lease = now + ahead
+            return False
+        if not self.flight.batches:
+            self._next_renew = now + self.config.lease / 3
+        if len(lease.rows) < cfg.batch_rows:
+            # the due rows are exhausted: the next lease waits for this batch to be recorded
+            # (its keys' next rows become heads then), a NOTIFY or the poll
+            poll = self._poll(store)
+            self._next_lease = now + poll
+        self.flight.start(lease)
+        return True
+
+    def _poll(self, store: OutboxStore) -> float:
+        """The longest sleep without a wake-up: ``poll``, or 2 s on PostgreSQL (NOTIFY wakes
+        the relay) and 0.1 s on SQLite (nothing does; a poll there is one cheap local
+        read)."""
+        return self.config.poll or (2.0 if store.dialect == "postgresql" else 0.1)
+
+    def _ensure_publisher(self) -> bool:
+        """A working publisher (:meth:`Flight.ensure_publisher`). Raises the broker's refusal
+        of the credentials or the vhost."""
+        return self.flight.ensure_publisher(self.settings, self.publisher_observer)
+
+    def _drop_publisher(self) -> None:
+        self.flight.drop_publisher()
+
+    def _hold_lock(self, store: OutboxStore) -> bool:
+        """SQLite: whether this relay holds the one-relay lock (taking it when free, then
+        releasing the leases the last holder left). Always True on PostgreSQL."""
+        lock = self._lock
+        if lock is None or lock.held:
+            return True
+        try:
+            if not lock.try_acquire():
+                self._next_lease = time.monotonic() + self._poll(store)
+                return False
+            released = store.reset_leases()
+        except OutboxUnavailable as e:
+            lock.release()
+            self._store_down(e)
+            return False
+        except OSError as e:
+            raise OutboxError(f"cannot open the relay lock {lock.path}: {e}") from e
+        log.info("relay lock %s taken; %d stale lease(s) released", lock.path, released)
+        return True
+
+    # --- housekeeping ----------------------------------------------------------------------------
+    def _housekeeping(self) -> None:
+        store, now = self._store, time.monotonic()
+        if store is None or now < self._store_ok_at:
+            return
+        try:
+            if self.flight.batches and now >= self._next_renew:
+                store.renew(self.relay_id, self.flight.in_flight(), self.config.lease)
+                self._next_renew = now + self.config.lease / 3
+            if now >= self._next_status:
+                self._next_status = now + self.config.status_interval
+                store.heartbeat(self.relay_id, self._started)
+                self.observer.status(store.status())
+                if self.config.keep_sent > 0:
+                    store.purge_sent(store.now() - self.config.keep_sent)
+        except OutboxUnavailable as e:
+            self._store_down(e)
+        stuck = self.flight.stuck(now, self.config.publish_timeout)
+        if stuck is not None:
+            log.warning(
+                "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
+                "replaced and its rows go again",
+                len(stuck.lease.rows),
+                now - stuck.started,
+            )
+            self._drop_publisher()
+
+    def _store_down(self, error: BaseException) -> None:
+        self._store_failures += 1
+        delay = full_jitter(min(self._store_failures, 8), 0.2, 5.0)
+        self._store_ok_at = time.monotonic() + max(0.05, delay)
+        if self._store_failures == 1:
+            log.warning("the outbox database is unavailable (%s); retrying", describe(error))
+
+    def _store_up(self) -> None:
+        if self._store_failures:
+            log.warning("the outbox database is back")
+        self._store_failures = 0
+
+    # --- the end ---------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.config.drain_timeout
+        while self.flight.batches and time.monotonic() < deadline:
+            self.flight.take_outcomes()
+            self._wake.wait(0.05)
+            self._wake.clear()
+        self._drop_publisher()  # what is still in flight fails now: lost
+        self.flight.give_up()
+        store = self._store
+        while store is not None and self.flight.unrecorded and time.monotonic() < deadline:
+            self._store_ok_at = 0.0
+            if not self._record():
+                time.sleep(0.2)
+        if store is not None:
+            try:
+                store.release_all(self.relay_id)
+                store.forget_relay(self.relay_id)
+            except OutboxError as e:
+                log.warning("the relay could not release its leases (%s): they expire", describe(e))
+            store.close()
+        if self._listener is not None:
+            self._listener.stop()
+        if self._lock is not None:
+            self._lock.release()

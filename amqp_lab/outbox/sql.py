@@ -1,0 +1,220 @@
+"""The relay's SQL, per dialect (pure: strings, no I/O).
+
+Every statement uses ``?`` placeholders (:class:`~amqp_lab.dedup.HandlerDb` rewrites them for
+psycopg). ``now`` is always a parameter: the time the relay read from the database's clock at
+the start of its transaction (PostgreSQL: the server's, so relays on several hosts agree) or
+the host's (SQLite). Lists of ids are a ``bigint[]`` parameter on PostgreSQL and expanded
+placeholders on SQLite (:func:`in_list`).
+
+The heads query (:func:`heads_sql`) is the lease's heart, bound by indexes whatever the
+backlog: among the oldest due rows no live lease holds (the ``(available_at, id)`` index), the
+ones that are their key's smallest pending id (one ``(ordering_key, id)`` probe each) - a
+refused row, a row not yet due and a leased one all hold their key. On PostgreSQL they are
+locked ``FOR UPDATE SKIP LOCKED``: relays racing for rows skip each other's instead of
+waiting, and the lock re-checks each row against its latest version
+(https://www.postgresql.org/docs/current/sql-select.html#SQL-FOR-UPDATE-SHARE). Nothing can
+put a smaller id in front of a head later: a key's later rows always get larger ids
+(:mod:`amqp_lab.outbox.write`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from amqp_lab.dedup.base import Dialect
+
+__all__ = [
+    "LEASED_COLUMNS",
+    "after_sql",
+    "followers_sql",
+    "heads_sql",
+    "in_list",
+    "lease_heads_sql",
+    "lease_sql",
+    "leased_sql",
+    "not_in",
+    "now_sql",
+    "size_sql",
+    "status_sql",
+]
+
+LEASED_COLUMNS = (
+    "id, message_id, ordering_key, exchange, routing_key, properties, headers, body, "
+    "traceparent, tracestate, created_at, due_at, tries"
+)
+
+
+def now_sql(dialect: Dialect) -> str | None:
+    """The statement reading the database's clock in epoch seconds (None on SQLite: the host's
+    clock is the relay's)."""
+    if dialect == "postgresql":
+        return "SELECT extract(epoch FROM clock_timestamp())::float8"
+    return None
+
+
+def size_sql(dialect: Dialect, alias: str = "") -> str:
+    """Bytes of a row's body and headers (``alias``: the table's, with its dot)."""
+    length = "octet_length" if dialect == "postgresql" else "length"
+    return f"({length}({alias}body) + {length}({alias}headers))"
+
+
+def in_list(
+    dialect: Dialect, column: str, ids: Sequence[Any], negate: bool = False
+) -> tuple[str, tuple[Any, ...]]:
+    """``column IN ids`` (or NOT IN) as SQL and its parameters: ``= ANY(?::bigint[])`` /
+    ``?::text[]`` on PostgreSQL, expanded placeholders on SQLite. An empty list is false (true
+    negated)."""
+    if not ids:
+        return ("1 = 1" if negate else "1 = 0"), ()
+    if dialect == "postgresql":
+        kind = "text" if isinstance(ids[0], str) else "bigint"
+        sql = f"{column} = ANY(?::{kind}[])"
+        return (f"NOT ({sql})" if negate else sql), (list(ids),)
+    marks = ",".join("?" * len(ids))
+    return f"{column} {'NOT IN' if negate else 'IN'} ({marks})", tuple(ids)
+
+
+def not_in(dialect: Dialect, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+    """``column NOT IN values`` for long lists: a hashed subplan over ``unnest(?)`` on
+    PostgreSQL (``<> ALL(array)`` compares every element), an IN list on SQLite (it builds
+    an index for it). True for an empty list."""
+    if not values:
+        return "1 = 1", ()
+    if dialect == "postgresql":
+        kind = "text" if isinstance(values[0], str) else "bigint"
+        return f"NOT ({column} IN (SELECT unnest(?::{kind}[])))", (list(values),)
+    return in_list(dialect, column, values, negate=True)
+
+
+def heads_sql(
+    dialect: Dialect, exclude: Sequence[int], held: Sequence[str] = (), columns: str = ""
+) -> tuple[str, tuple[Any, ...]]:
+    """The due heads, oldest first, (id, key, size): among the oldest ``?`` due rows no live
+    lease holds (the ``(available_at, id)`` index), those that are their key's smallest
+    pending id (one ``(ordering_key, id)`` index probe each), at most ``?``; locked ``FOR
+    UPDATE SKIP LOCKED`` on PostgreSQL. Parameters: ``(now, now, *exclude, *held, scan, now,
+    limit)``. The lease is checked on the locked row too: PostgreSQL re-checks the outer
+    query's conditions against a row's latest version when it locks it, not the subquery's,
+    so a row another relay leased after this statement's snapshot is skipped there (without
+    it, two relays leased one row: the race test caught it). ``exclude``: rows this relay
+    has in flight; ``held``: their keys, whose rows cannot be heads now (skipped before the
+    probe, so a deep backlog behind keys in flight costs a scan, not a probe per row);
+    ``columns``: what to select (default: id, key, size)."""
+    excluded, params = not_in(dialect, "id", exclude)
+    unheld, keys = not_in(dialect, "ordering_key", held)
+    lock = " FOR UPDATE OF o SKIP LOCKED" if dialect == "postgresql" else ""
+    params += keys
+    sql = (
+        f"SELECT {columns or 'o.id, o.ordering_key, ' + size_sql(dialect, 'o.')}"
+        " FROM amqp_lab_outbox o WHERE o.id IN (SELECT id FROM amqp_lab_outbox"
+        " WHERE sent_at IS NULL AND available_at <= ? AND (lease_until IS NULL OR lease_until <= ?)"
+        f" AND {excluded} AND (ordering_key IS NULL OR {unheld})"
+        " ORDER BY available_at, id LIMIT ?)"
+        " AND o.sent_at IS NULL AND (o.lease_until IS NULL OR o.lease_until <= ?)"
+        " AND (o.ordering_key IS NULL OR o.id = (SELECT min(e.id)"
+        " FROM amqp_lab_outbox e WHERE e.ordering_key = o.ordering_key AND e.sent_at IS NULL))"
+        f" ORDER BY o.available_at, o.id LIMIT ?{lock}"
+    )
+    return sql, params
+
+
+def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+    """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
+    UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
+    and then a write) - returning (id, key, size, available_at). Parameters: ``(owner,
+    until, now, now, *exclude, *held, scan, now, limit, now)``: the lease re-checked on each
+    row's latest version (a lease committed by another relay since this statement's snapshot
+    is seen there, not in the subquery)."""
+    heads, params = heads_sql("postgresql", exclude, held, columns="o.id")
+    sql = (
+        "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
+        f" WHERE id IN ({heads}) AND sent_at IS NULL"
+        " AND (lease_until IS NULL OR lease_until <= ?)"
+        f" RETURNING id, ordering_key, {size_sql('postgresql')}, available_at"
+    )
+    return sql, params
+
+
+def leased_sql(dialect: Dialect, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
+    """The :data:`LEASED_COLUMNS` of ``ids`` ``?`` leases (parameters ``(*ids, owner)``)."""
+    chosen, params = in_list(dialect, "id", ids)
+    return (
+        f"SELECT {LEASED_COLUMNS} FROM amqp_lab_outbox WHERE {chosen} AND lease_owner = ?",
+        params,
+    )
+
+
+def after_sql(dialect: Dialect) -> str:
+    """The first ``?`` pending rows of key ``?`` after id ``?`` (SQLite, per key), or of each
+    key after its id (PostgreSQL, parameters ``(keys, ids, per_key)``): (id, key, size,
+    available_at, lease_until) in (key, id) order."""
+    columns = f"id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until"
+    if dialect == "postgresql":
+        return (
+            "SELECT f.id, f.ordering_key, f.size, f.available_at, f.lease_until"
+            " FROM unnest(?::text[], ?::bigint[]) AS k(key, after) CROSS JOIN LATERAL"
+            f" (SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = k.key"
+            " AND id > k.after AND sent_at IS NULL ORDER BY id LIMIT ?) f"
+            " ORDER BY f.ordering_key, f.id"
+        )
+    return (
+        f"SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = ? AND id > ?"
+        " AND sent_at IS NULL ORDER BY id LIMIT ?"
+    )
+
+
+def followers_sql(dialect: Dialect, keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+    """The first ``?`` pending rows of each of ``keys`` (heads included), in (key, id) order:
+    (id, key, size, available_at, lease_until). Parameters: ``(*keys, per_key)``. PostgreSQL
+    reads at most ``per_key`` index entries per key (LATERAL ... LIMIT)."""
+    if dialect == "postgresql":
+        sql = (
+            "SELECT f.id, f.ordering_key, f.size, f.available_at, f.lease_until"
+            " FROM unnest(?::text[]) AS k(key) CROSS JOIN LATERAL"
+            f" (SELECT id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until"
+            " FROM amqp_lab_outbox WHERE ordering_key = k.key AND sent_at IS NULL"
+            " ORDER BY id LIMIT ?) f ORDER BY f.ordering_key, f.id"
+        )
+        return sql, (list(keys),)
+    chosen, params = in_list(dialect, "ordering_key", keys)
+    sql = (
+        "SELECT id, ordering_key, size, available_at, lease_until FROM ("
+        f"SELECT id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until,"
+        " row_number() OVER (PARTITION BY ordering_key ORDER BY id) AS n"
+        f" FROM amqp_lab_outbox WHERE sent_at IS NULL AND {chosen}) f"
+        " WHERE n <= ? ORDER BY ordering_key, id"
+    )
+    return sql, params
+
+
+def lease_sql(dialect: Dialect, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
+    """Lease ``ids`` that are still pending and not under a live lease, returning
+    :data:`LEASED_COLUMNS`. Parameters: ``(owner, until, *ids, now)``."""
+    chosen, params = in_list(dialect, "id", ids)
+    sql = (
+        "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
+        f" WHERE {chosen} AND sent_at IS NULL AND (lease_until IS NULL OR lease_until <= ?)"
+        f" RETURNING {LEASED_COLUMNS}"
+    )
+    return sql, params
+
+
+def status_sql(dialect: Dialect) -> str:
+    """One row over the pending rows (parameters ``(now, now, now, now)``): pending, due (time
+    come, not refused), scheduled (due_at in the future), failed (last try refused), parked
+    (refused for good), the oldest due time among rows whose time has come (None: none)."""
+    later = "greatest" if dialect == "postgresql" else "max"
+    due = f"{later}(created_at, coalesce(due_at, created_at))"
+    return (
+        "SELECT count(*),"
+        " coalesce(sum(CASE WHEN last_error IS NULL AND coalesce(due_at, 0) <= ? THEN 1 ELSE 0"
+        " END), 0),"
+        " coalesce(sum(CASE WHEN last_error IS NULL AND due_at > ? THEN 1 ELSE 0 END), 0),"
+        " coalesce(sum(CASE WHEN last_error IS NOT NULL THEN 1 ELSE 0 END), 0),"
+        " coalesce(sum(CASE WHEN last_error IS NOT NULL AND available_at > 1e300 THEN 1 ELSE 0"
+        " END), 0),"
+        f" min(CASE WHEN {due} <= ? THEN {due} END),"
+        " min(CASE WHEN available_at > ? AND available_at < 1e300 THEN available_at END)"
+        " FROM amqp_lab_outbox WHERE sent_at IS NULL"
+    )

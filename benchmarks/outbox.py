@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Publishing through the outbox: relay throughput against the pipelined publisher in the same
+run, and commit-to-confirm latency.
+
+* **Throughput.** Per repetition, on fresh queues of the broker of ``EAI_AMQP_URL``: the
+  ``PipelinedPublisher`` publishes N persistent 256-byte messages (confirms, mandatory,
+  message_id; timed until the last confirm); then N rows over ``--keys`` ordering keys, committed
+  in transactions of 500 before the clock starts, are relayed by one ``OutboxRelay`` (timed from
+  its start until every row is confirmed and recorded as sent). The ratio is the target (>=
+  0.7x). With ``--one-key M`` also M rows on a single key: a key goes one confirm round trip
+  per message.
+* **Latency.** Writers commit one row per transaction at ``--rate`` rows/s for ``--seconds``
+  while a relay runs; from each transaction's commit (returned) to the relay seeing its
+  publisher confirm: p50 and p99 (ms), woken by NOTIFY on PostgreSQL, by polling on SQLite.
+
+The outbox is a fresh database on the PostgreSQL server of ``--postgres`` (created and dropped:
+the shared server is only written to), or a SQLite file (``--store sqlite``).
+
+    python benchmarks/outbox.py [--store postgresql|sqlite] [--messages 20000] [--keys 1000]
+        [--repeat 3] [--window 1000] [--batch 500] [--rate 200] [--seconds 10] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# isort: split
+# Started by another Python than the repository's .venv, scripts/_cli re-executes this file with
+# the venv's interpreter (as every script does), before any dependency is imported.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import _cli  # noqa: F401
+
+# isort: split
+
+import psycopg
+
+from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.parser import CommandParser
+from amqp_lab.connection import open_channel
+from amqp_lab.message import OutgoingMessage
+from amqp_lab.outbox import add
+from amqp_lab.outbox.observer import NoRelayObserver, RelayConfig
+from amqp_lab.outbox.outcomes import Verdict
+from amqp_lab.outbox.relay import OutboxRelay
+from amqp_lab.outbox.row import OutboxRow
+from amqp_lab.outbox.store import OutboxStore
+from amqp_lab.publishing.pipelined import PipelinedPublisher
+from amqp_lab.settings import BrokerSettings
+
+BODY = b'{"payload":"' + b"x" * 240 + b'"}'  # 256 bytes, as benchmarks/bench.py
+PREFIX = "q:bench-outbox"
+
+
+class Counting(NoRelayObserver):
+    """Counts sent rows; records when each one's confirm reached the relay (time.time())."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected, self.sent, self.seen = expected, 0, threading.Event()
+        self.confirmed_at: dict[str, float] = {}
+
+    def relayed(self, row: OutboxRow, verdict: Verdict, lag: float | None) -> None:
+        if verdict is Verdict.SENT:
+            self.confirmed_at.setdefault(row.message_id, time.time())
+            self.sent += 1
+            if self.sent >= self.expected:
+                self.seen.set()
+
+
+@contextmanager
+def outbox_database(args: argparse.Namespace) -> Iterator[str]:
+    """A fresh outbox: a database on ``--postgres``'s server, or a SQLite file."""
+    if args.store == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="amqp-lab-bench-") as tmp:
+            yield str(Path(tmp) / "outbox.sqlite3")
+        return
+    name = f"amqp_lab_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(args.postgres, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = args.postgres.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(args.postgres, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def connect(url: str) -> Any:
+    return psycopg.connect(url) if url.startswith("postgresql") else sqlite3.connect(url)
+
+
+def fresh_queue(settings: BrokerSettings) -> str:
+    queue = f"{PREFIX}:{uuid.uuid4().hex[:8]}"
+    with open_channel(settings) as channel:
+        channel.queue_declare(queue, durable=True)
+    return queue
+
+
+def delete_queue(settings: BrokerSettings, queue: str) -> None:
+    with open_channel(settings) as channel:
+        channel.queue_delete(queue)
+
+
+def message(queue: str, message_id: str) -> OutgoingMessage:
+    return OutgoingMessage(body=BODY, message_id=message_id, exchange="", routing_key=queue)
+
+
+def pipelined(settings: BrokerSettings, n: int, window: int) -> float:
+    """msg/s of PipelinedPublisher.publish_many on ``n`` messages, until the last outcome."""
+    queue = fresh_queue(settings)
+    batch = [message(queue, f"p-{i}") for i in range(n)]
+    try:
+        with PipelinedPublisher(settings, window=window) as publisher:
+            started = time.perf_counter()
+            result = publisher.publish_many(batch).wait(600)
+            elapsed = time.perf_counter() - started
+    finally:
+        delete_queue(settings, queue)
+    if result.failures:
+        raise SystemExit(f"publisher: {len(result.failures)} failures: {result.failures[0][1]}")
+    return n / elapsed
+
+
+def fill(url: str, queue: str, n: int, keys: int, tag: str) -> None:
+    db = connect(url)
+    try:
+        for start in range(0, n, 500):
+            for i in range(start, min(n, start + 500)):
+                key = f"key-{i % keys}" if keys else None
+                add(db, message(queue, f"{tag}-{i}"), key=key, notify=False)
+            db.commit()
+    finally:
+        db.close()
+
+
+def relayed(
+    settings: BrokerSettings, url: str, n: int, keys: int, args: argparse.Namespace
+) -> float:
+    """msg/s of one relay over ``n`` committed rows on ``keys`` keys (0: none), from its start
+    until every row is confirmed and recorded."""
+    queue = fresh_queue(settings)
+    try:
+        fill(url, queue, n, keys, f"r{uuid.uuid4().hex[:6]}")
+        counting = Counting(n)
+        config = RelayConfig(batch_rows=args.batch, window=args.window)
+        relay = OutboxRelay(settings, url, config, observer=counting)
+        started = time.perf_counter()
+        relay.start_thread()
+        store = OutboxStore(url)
+        try:
+            if not counting.seen.wait(600):
+                raise SystemExit(f"relay: {counting.sent} of {n} sent in 600 s")
+            while store.status().pending:  # recorded as sent, not only confirmed
+                time.sleep(0.005)
+            elapsed = time.perf_counter() - started
+        finally:
+            store.close()
+            relay.stop()
+            relay.join(60)
+    finally:
+        delete_queue(settings, queue)
+    return n / elapsed
+
+
+def latency(settings: BrokerSettings, url: str, args: argparse.Namespace) -> dict[str, float]:
+    """Commit-to-confirm percentiles (ms) of rows committed one per transaction at
+    ``--rate``/s for ``--seconds``, with a relay running."""
+    queue = fresh_queue(settings)
+    total = int(args.rate * args.seconds)
+    counting = Counting(total)
+    relay = OutboxRelay(settings, url, RelayConfig(batch_rows=args.batch), observer=counting)
+    relay.start_thread()
+    committed: dict[str, float] = {}
+    db = connect(url)
+    try:
+        time.sleep(1.0)  # the relay connected and listening
+        started = time.monotonic()
+        for i in range(total):
+            time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+            message_id = f"lat-{i}"
+            add(db, message(queue, message_id), key=f"key-{i % 100}")
+            db.commit()
+            committed[message_id] = time.time()
+        if not counting.seen.wait(120):
+            raise SystemExit(f"latency: {counting.sent} of {total} confirmed in 120 s")
+    finally:
+        db.close()
+        relay.stop()
+        relay.join(60)
+        delete_queue(settings, queue)
+    ms = sorted(1000 * (counting.confirmed_at[m] - t) for m, t in committed.items())
+    return {
+        "commit_to_confirm_p50_ms": round(statistics.median(ms), 2),
+        "commit_to_confirm_p99_ms": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+        "commit_to_confirm_max_ms": round(ms[-1], 2),
+        "latency_rows": total,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = CommandParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
+    parser.add_argument(
+        "--postgres",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="an admin URL: the bench creates its database there and drops it",
+    )
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--keys", type=int, default=1000, help="ordering keys (0: none)")
+    parser.add_argument("--one-key", type=int, default=2000, metavar="M", help="0: skip")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--window", type=int, default=1000, help="unconfirmed in flight")
+    parser.add_argument("--batch", type=int, default=500, help="rows per relay lease")
+    parser.add_argument("--rate", type=float, default=200.0, help="latency: rows/s")
+    parser.add_argument("--seconds", type=float, default=10.0, help="latency: duration")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if min(args.messages, args.repeat, args.window, args.batch) < 1 or args.keys < 0:
+        parser.error("--messages, --repeat, --window, --batch must be >= 1, --keys >= 0")
+    if not args.rate > 0 or not args.seconds > 0:
+        parser.error("--rate and --seconds must be > 0")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    settings = settings_from_env("amqp-lab bench outbox", heartbeat=60)
+    publisher: list[float] = []
+    relay: list[float] = []
+    one_key: list[float] = []
+    with outbox_database(args) as url:
+        OutboxStore(url).close()
+        for r in range(args.repeat):
+            pair: list[tuple[str, Callable[[], float]]] = [
+                ("publisher", lambda: pipelined(settings, args.messages, args.window)),
+                ("relay", lambda: relayed(settings, url, args.messages, args.keys, args)),
+            ]
+            for name, measure in pair if r % 2 == 0 else pair[::-1]:
+                value = measure()
+                (publisher if name == "publisher" else relay).append(value)
+                print(f"repetition {r + 1}: {name} {value:,.0f} msg/s", file=sys.stderr)
+            if args.one_key:
+                one_key.append(relayed(settings, url, args.one_key, 1, args))
+        lat = latency(settings, url, args)
+    ratios = [a / b for a, b in zip(relay, publisher, strict=True)]
+    summary: dict[str, Any] = {
+        "store": args.store,
+        "publisher_msg_s": round(statistics.median(publisher)),
+        "publisher_msg_s_range": [round(min(publisher)), round(max(publisher))],
+        "relay_msg_s": round(statistics.median(relay)),
+        "relay_msg_s_range": [round(min(relay)), round(max(relay))],
+        "relay_vs_publisher": round(statistics.median(relay) / statistics.median(publisher), 3),
+        "relay_vs_publisher_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        "relay_one_key_msg_s": round(statistics.median(one_key)) if one_key else None,
+        **lat,
+        "messages": args.messages,
+        "keys": args.keys,
+        "one_key_messages": args.one_key,
+        "repeat": args.repeat,
+        "window": args.window,
+        "batch": args.batch,
+        "body_bytes": len(BODY),
+        "latency_rate": args.rate,
+    }
+    print_report(summary)
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+    return EXIT_OK
+
+
+def print_report(s: dict[str, Any]) -> None:
+    print(
+        f"outbox on {s['store']}: {s['messages']} messages of {s['body_bytes']} bytes, "
+        f"{s['keys']} keys, median of {s['repeat']}"
+    )
+    print(
+        f"  pipelined publisher      {s['publisher_msg_s']:>8,} msg/s  {s['publisher_msg_s_range']}"
+    )
+    print(f"  outbox relay             {s['relay_msg_s']:>8,} msg/s  {s['relay_msg_s_range']}")
+    print(
+        f"  relay / publisher        {s['relay_vs_publisher']:>8}        "
+        f"{s['relay_vs_publisher_range']} (target >= 0.7)"
+    )
+    if s["relay_one_key_msg_s"] is not None:
+        print(f"  relay, one key           {s['relay_one_key_msg_s']:>8,} msg/s")
+    print(
+        f"  commit -> confirm        p50 {s['commit_to_confirm_p50_ms']} ms, "
+        f"p99 {s['commit_to_confirm_p99_ms']} ms at {s['latency_rate']:g} rows/s"
+    )
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,349 @@
+"""The outbox on a real broker and a real database (SQLite and PostgreSQL): a message is
+published if and only if its transaction committed, exactly as written, scheduled ones not
+before their time, cancelled ones never; a key's rows in commit order; a row the broker refuses
+holds its key only, and an operator retries or discards it; hostile rows are parked with their
+reason; a relay that dies holding a lease delays its rows, it does not lose them."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from amqp_lab.connection import open_channel
+from amqp_lab.fieldtable import TaggedInt
+from amqp_lab.message import message_for
+from amqp_lab.outbox import CancelResult, add, cancel
+from amqp_lab.outbox.observer import RelayConfig, RelayReport
+from amqp_lab.outbox.relay import OutboxRelay
+from amqp_lab.outbox.store import OutboxStore
+from amqp_lab.settings import BrokerSettings
+from tests.amqp_values import same
+from tests.brokers import TestBroker
+from tests.pgsupport import temp_database
+from tests.support import NAMES, get_all, run_script, strict_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def outbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty outbox: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        url = str(tmp_path / "app.sqlite3")
+        OutboxStore(url).close()
+        yield url
+    else:
+        with temp_database() as url:
+            OutboxStore(url).close()
+            yield url
+
+
+def connect(url: str) -> Any:
+    """The application's own connection to the outbox's database."""
+    if url.startswith("postgresql://"):
+        return psycopg.connect(url)
+    return sqlite3.connect(url)
+
+
+@contextmanager
+def transaction(db: Any) -> Iterator[Any]:
+    """One transaction on the application's connection: committed, or rolled back on an
+    exception (psycopg's ``with connection`` would also close it)."""
+    try:
+        yield db
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+
+
+def relay_until_idle(settings: BrokerSettings, url: str, **config: Any) -> list[RelayReport]:
+    reports: list[RelayReport] = []
+    options: dict[str, Any] = {"idle_exit": 1.0, "poll": 0.1} | config
+    OutboxRelay(settings, url, RelayConfig(**options), on_report=reports.append).run()
+    return reports
+
+
+def ids_in(settings: BrokerSettings, queue: str = "q:tasks") -> list[str]:
+    return [p.message_id for _, p, _ in get_all(settings, queue)]
+
+
+def test_a_message_is_published_if_and_only_if_its_transaction_committed(
+    topology: BrokerSettings, outbox: str
+) -> None:
+    headers: dict[str, Any] = {
+        "decimal": Decimal("12.50"),
+        "when": datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "nested": {"list": [1, b"\x00\xff", None], "byte": TaggedInt(7, "b")},
+        "text": "ünïcödé",
+    }
+    db = connect(outbox)
+    with transaction(db):
+        db.execute("CREATE TABLE orders (id TEXT)")
+        db.execute("INSERT INTO orders VALUES ('o-1')")
+        kept = message_for(NAMES, {"order": "o-1"}, message_id="o-1-created", headers=headers)
+        assert add(db, kept, notify=True) is True
+        assert add(db, message_for(NAMES, {"again": 1}, message_id="o-1-created")) is False
+        add(db, message_for(NAMES, {"n": 2}, message_id="o-1-second", priority=3))
+    with pytest.raises(RuntimeError), transaction(db):
+        db.execute("INSERT INTO orders VALUES ('o-2')")
+        add(db, message_for(NAMES, {"order": "o-2"}, message_id="o-2-created"))
+        raise RuntimeError("the business transaction fails")
+    reports = relay_until_idle(topology, outbox)
+    assert sorted((r.message_id, r.outcome, r.tries) for r in reports) == [
+        ("o-1-created", "sent", 1),
+        ("o-1-second", "sent", 1),
+    ]
+    got = {p.message_id: (p, body) for _, p, body in get_all(topology, "q:tasks")}
+    assert sorted(got) == ["o-1-created", "o-1-second"]
+    properties, body = got["o-1-created"]
+    assert body == kept.body
+    # RabbitMQ 4.3 may hand the top-level headers back sorted by name: compare them as a table
+    assert same(dict(sorted(properties.headers.items())), dict(sorted(headers.items())))
+    assert (properties.delivery_mode, properties.content_type) == (2, "application/json")
+    assert got["o-1-second"][0].priority == 3
+    assert OutboxStore(outbox).status().pending == 0  # sent rows are deleted
+    db.close()
+
+
+def test_scheduled_messages_wait_for_their_time_and_survive_a_relay_restart(
+    topology: BrokerSettings, outbox: str
+) -> None:
+    db = connect(outbox)
+    due = time.time() + 2.5
+    with transaction(db):
+        add(db, message_for(NAMES, {"n": 1}, message_id="now"))
+        add(db, message_for(NAMES, {"n": 2}, message_id="later"), due_at=due)
+        add(db, message_for(NAMES, {"n": 3}, message_id="cancelled"), due_at=due)
+    with transaction(db):
+        assert cancel(db, "cancelled") is CancelResult.CANCELLED
+    assert [r.message_id for r in relay_until_idle(topology, outbox, idle_exit=0.5)] == ["now"]
+    assert time.time() < due and ids_in(topology) == ["now"]  # the relay stopped before
+    sent_at: dict[str, float] = {}
+
+    def sent(report: RelayReport) -> None:
+        sent_at.setdefault(report.message_id, time.time())
+
+    relay = OutboxRelay(topology, outbox, RelayConfig(poll=0.1), on_report=sent)
+    relay.start_thread()
+    try:
+        wait_for(lambda: "later" in sent_at, timeout=15, what="the scheduled row sent")
+    finally:
+        relay.stop()
+        relay.join(20)
+    assert sent_at["later"] >= due
+    assert ids_in(topology) == ["later"]
+    with transaction(db):
+        assert cancel(db, "later") is CancelResult.NOT_FOUND  # sent and deleted
+    db.close()
+
+
+def test_a_key_is_written_by_one_transaction_at_a_time_so_its_ids_are_in_commit_order(
+    topology: BrokerSettings,
+) -> None:
+    """PostgreSQL numbers rows at insert, so a transaction that inserts first and commits
+    last would get the smaller id. add() holds the key's advisory lock until the commit: the
+    second writer of the key waits for the first one's end; other keys do not wait."""
+    with temp_database() as url:
+        OutboxStore(url).close()
+        first, second, other = psycopg.connect(url), psycopg.connect(url), psycopg.connect(url)
+        add(first, message_for(NAMES, {"n": 1}, message_id="k-first"), key="k")
+        done: dict[str, float] = {}
+
+        def write_second() -> None:
+            add(second, message_for(NAMES, {"n": 2}, message_id="k-second"), key="k")
+            done["second"] = time.monotonic()
+            second.commit()
+
+        writer = threading.Thread(target=write_second)
+        writer.start()
+        add(other, message_for(NAMES, {"n": 3}, message_id="j-other"), key="j")
+        other.commit()  # another key never waits
+        time.sleep(1.0)
+        assert "second" not in done  # k's second writer waits for the first
+        committed = time.monotonic()
+        first.commit()
+        writer.join(10)
+        assert done["second"] >= committed
+        reports = relay_until_idle(topology, url)
+        assert [r.message_id for r in reports if r.key == "k"] == ["k-first", "k-second"]
+        queued = ids_in(topology)
+        assert queued.index("k-first") < queued.index("k-second")
+        for connection in (first, second, other):
+            connection.close()
+
+
+def test_a_row_the_broker_refuses_holds_only_its_key_until_retried_or_discarded(
+    topology: BrokerSettings, outbox: str
+) -> None:
+    with open_channel(topology) as channel:
+        channel.exchange_declare("nowhere", "direct", durable=True)
+        channel.queue_declare("q:nowhere", durable=True)
+    db = connect(outbox)
+    with transaction(db):
+        bad = message_for(NAMES, {"n": 1}, message_id="k-1-unroutable")
+        add(db, replace(bad, exchange="nowhere"), key="k")
+        add(db, message_for(NAMES, {"n": 2}, message_id="k-2"), key="k")
+        add(db, message_for(NAMES, {"n": 3}, message_id="j-1"), key="j")
+        gone = message_for(NAMES, {"n": 4}, message_id="m-1-unroutable")
+        add(db, replace(gone, exchange="nowhere"), key="m")
+        add(db, message_for(NAMES, {"n": 5}, message_id="m-2"), key="m")
+    db.close()
+    args = ("--outbox-url", outbox, "--idle-exit", "1.5", "--poll", "0.1")
+    first = run_script(topology, "relay.py", *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    outcomes = {line.split()[0]: line for line in first.stdout.splitlines() if "outcome=" in line}
+    assert "outcome=sent" in outcomes["message_id=j-1"]
+    assert "outcome=refused" in outcomes["message_id=k-1-unroutable"]
+    assert "MessageUnroutable" in outcomes["message_id=k-1-unroutable"]
+    assert "message_id=k-2" not in outcomes and "message_id=m-2" not in outcomes
+    assert "refused" in first.stderr and "k-1-unroutable" in first.stderr  # reported
+    status = run_script(topology, "relay.py", "status", "--outbox-url", outbox, "--json")
+    assert status.returncode == 0, status.stderr
+    data = strict_json(status.stdout)
+    assert (data["pending"], data["failed"], data["parked"]) == (4, 2, 0)
+    refused = {r["message_id"]: r for r in data["refused"]}
+    assert set(refused) == {"k-1-unroutable", "m-1-unroutable"}
+    assert refused["k-1-unroutable"]["last_error"].startswith("MessageUnroutable")
+    # the operator fixes k's cause (a binding) and retries it, and gives up on m's message
+    with open_channel(topology) as channel:
+        channel.queue_bind("q:nowhere", "nowhere", NAMES.routing_key)
+    retried = run_script(topology, "relay.py", "retry", "--outbox-url", outbox, "--all")
+    assert "2 refused row(s) due again" in retried.stdout, retried.stdout + retried.stderr
+    discarded = run_script(
+        topology, "relay.py", "discard", "--outbox-url", outbox, "--message-id", "m-1-unroutable"
+    )
+    assert strict_json(discarded.stdout)["discarded"]["message_id"] == "m-1-unroutable"
+    nothing = run_script(
+        topology, "relay.py", "discard", "--outbox-url", outbox, "--message-id", "m-1-unroutable"
+    )
+    assert nothing.returncode == 1 and nothing.stderr.startswith("error: no refused row")
+    second = run_script(topology, "relay.py", *args)
+    sent = [line.split()[0] for line in second.stdout.splitlines() if "outcome=sent" in line]
+    assert sent.index("message_id=k-1-unroutable") < sent.index("message_id=k-2")
+    assert set(sent) == {"message_id=k-1-unroutable", "message_id=k-2", "message_id=m-2"}
+    assert ids_in(topology, "q:nowhere") == ["k-1-unroutable"]
+    assert sorted(ids_in(topology)) == ["j-1", "k-2", "m-2"]
+
+
+def test_a_row_larger_than_the_broker_takes_is_refused_and_the_rest_flows(
+    broker: TestBroker, topology: BrokerSettings, outbox: str
+) -> None:
+    db = connect(outbox)
+    with transaction(db):
+        add(db, message_for(NAMES, b"x" * 50_000, message_id="k-big"), key="k")
+        add(db, message_for(NAMES, {"n": 2}, message_id="k-after"), key="k")
+        for n in range(5):
+            add(db, message_for(NAMES, {"n": n}, message_id=f"free-{n}"))
+    db.close()
+    with broker.max_message_size(10_000):
+        reports = relay_until_idle(topology, outbox)
+    by_id = {r.message_id: r for r in reports}
+    assert by_id["k-big"].outcome == "refused" and "PreconditionFailed" in (
+        by_id["k-big"].error or ""
+    )
+    assert "k-after" not in by_id
+    assert sorted(ids_in(topology)) == [f"free-{n}" for n in range(5)]
+    (failed,) = OutboxStore(outbox).failed()
+    assert failed.message_id == "k-big" and failed.retry_at is not None  # tried again later
+
+
+def test_hostile_rows_are_parked_with_their_reason_and_block_nothing_else(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """Rows written by hand (or by another version) that are no message: the relay parks
+    each with the reason and relays the rest; SQLite's loose typing lets a column hold
+    anything."""
+    url = str(tmp_path / "app.sqlite3")
+    OutboxStore(url).close()
+    db = sqlite3.connect(url)
+    columns = (
+        "message_id, ordering_key, exchange, routing_key, properties, headers, body, "
+        "created_at, available_at"
+    )
+    hostile = [
+        ("bad-json", "{not json", b"\x00\x00\x00\x00", b"{}"),
+        ("bad-headers", "{}", b"\x00\x00\x00\x09garbage!!", b"{}"),
+        ("text-body", "{}", b"\x00\x00\x00\x00", "not bytes"),
+        ("nan-priority", '{"priority": NaN}', b"\x00\x00\x00\x00", b"{}"),
+    ]
+    with transaction(db):
+        for message_id, properties, headers, body in hostile:
+            db.execute(
+                f"INSERT INTO amqp_lab_outbox ({columns}) VALUES (?, 'k-' || ?, 'tasks', 'task', "
+                "?, ?, ?, 0, 0)",
+                (message_id, message_id, properties, headers, body),
+            )
+        add(db, message_for(NAMES, {"n": 1}, message_id="fine"))
+    db.close()
+    reports = {r.message_id: r for r in relay_until_idle(topology, url)}
+    assert reports["fine"].outcome == "sent" and ids_in(topology) == ["fine"]
+    for message_id, *_ in hostile:
+        assert reports[message_id].outcome == "refused"
+        assert "RowUndecodable" in (reports[message_id].error or "")
+    status = OutboxStore(url).status()
+    assert (status.failed, status.parked) == (4, 4)
+
+
+def test_a_relay_that_dies_holding_a_lease_delays_its_rows_and_loses_none(
+    topology: BrokerSettings, outbox: str
+) -> None:
+    """PostgreSQL: the lease expires (here after 2 s) and another relay takes the rows, as a
+    second try; SQLite: the next relay to take the lock file knows the last holder is gone and
+    takes them at once."""
+    db = connect(outbox)
+    with transaction(db):
+        for n in range(3):
+            add(db, message_for(NAMES, {"n": n}, message_id=f"k-{n}"), key="k")
+    db.close()
+    dead = OutboxStore(outbox)
+    seconds = 2.0 if outbox.startswith("postgresql") else 3600.0
+    lease = dead.lease("a-relay-that-died", seconds, 10, 10**6)
+    assert len(lease.rows) == 3
+    dead.close()
+    started = time.monotonic()
+    reports = relay_until_idle(topology, outbox, idle_exit=3.0)
+    assert [(r.message_id, r.tries) for r in reports] == [(f"k-{n}", 2) for n in range(3)]
+    assert ids_in(topology) == ["k-0", "k-1", "k-2"]
+    if outbox.startswith("postgresql"):
+        assert time.monotonic() - started >= 1.5  # waited for the lease to expire
+
+
+def test_the_relay_command_says_what_it_does_and_refuses_in_one_line(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    schema = run_script(topology, "relay.py", "schema", "--dialect", "postgresql")
+    assert "CREATE TABLE IF NOT EXISTS amqp_lab_outbox" in schema.stdout
+    bad = run_script(topology, "relay.py", "status", "--outbox-url", "mysql://x/y")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: unsupported dedup store")
+    down = run_script(
+        topology,
+        "relay.py",
+        "status",
+        "--outbox-url",
+        "postgresql://app:secret@127.0.0.1:1/nothing",
+    )
+    assert down.returncode == 1 and "secret" not in down.stderr, down.stderr
+    assert down.stderr.startswith("error: cannot"), down.stderr
+    url = str(tmp_path / "app.sqlite3")
+    empty = run_script(topology, "relay.py", "--outbox-url", url, "--idle-exit", "0.5")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.strip().endswith(
+        "relay stopped (idle for 0.5 s): 0 sent, 0 refused, 0 lost"
+    )
+    status = run_script(topology, "relay.py", "status", "--outbox-url", url)
+    assert status.stdout.startswith(f"outbox {url}: pending=0 due=0"), status.stdout
+    as_json = run_script(topology, "relay.py", "status", "--outbox-url", url, "--json")
+    assert json.loads(as_json.stdout)["relays"] == []

@@ -1,0 +1,329 @@
+"""The outbox's pure parts: the row codec (lossless, hostile rows refused with a reason), the
+chains a relay publishes (a key's next row only after the previous one was confirmed), each
+publish outcome's verdict, and the status's alert lines."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from amqp_lab.errors import (
+    BrokerBlocked,
+    ConfigurationError,
+    MessageNacked,
+    MessageUnroutable,
+    NotFound,
+    PreconditionFailed,
+    PublishFailed,
+    UnencodableMessage,
+)
+from amqp_lab.fieldtable import encode_table
+from amqp_lab.message import OutgoingMessage
+from amqp_lab.outbox.chains import Candidate, ChainRun, cut, plan
+from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, result_for
+from amqp_lab.outbox.row import (
+    OutboxRow,
+    RowUndecodable,
+    due_seconds,
+    message_of,
+    ordering_key_of,
+    row_values,
+)
+from amqp_lab.outbox.schema import schema
+from amqp_lab.outbox.status import OutboxStatus, RelaySeen, outbox_problems
+from tests.amqp_values import field_tables, same
+
+pytestmark = pytest.mark.unit
+
+
+def _message(**fields: Any) -> OutgoingMessage:
+    base: dict[str, Any] = {"body": b"{}", "message_id": "m-1", "exchange": "x", "routing_key": "r"}
+    return OutgoingMessage(**(base | fields))
+
+
+def _row(values: Any, **overrides: Any) -> OutboxRow:
+    columns: dict[str, Any] = {
+        "id": 1,
+        "message_id": values.message_id,
+        "ordering_key": values.ordering_key,
+        "exchange": values.exchange,
+        "routing_key": values.routing_key,
+        "properties": values.properties,
+        "headers": values.headers,
+        "body": values.body,
+        "traceparent": values.traceparent,
+        "tracestate": values.tracestate,
+        "created_at": 100.0,
+        "due_at": values.due_at,
+        "tries": 1,
+    }
+    return OutboxRow(**(columns | overrides))
+
+
+# --- the row codec ---------------------------------------------------------------------------
+@given(headers=field_tables, body=st.binary(max_size=64))
+def test_a_message_comes_back_from_its_row_with_every_header_type_and_byte(
+    headers: dict[str, Any], body: bytes
+) -> None:
+    message = _message(
+        body=body,
+        headers=headers,
+        content_type="application/octet-stream",
+        priority=7,
+        expiration="60000",
+        correlation_id="c",
+        timestamp=1700000000,
+        persistent=False,
+    )
+    back = message_of(_row(row_values(message)))
+    assert same(back.headers, headers)
+    assert (back.body, back.priority, back.expiration, back.correlation_id) == (
+        body,
+        7,
+        "60000",
+        "c",
+    )
+    assert (back.timestamp, back.persistent, back.content_type) == (
+        1700000000,
+        False,
+        "application/octet-stream",
+    )
+    assert back.properties().encode() == message.properties().encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"priority": 300}, "priority"),
+        ({"expiration": "soon"}, "expiration"),
+        ({"headers": {"a": {1, 2}}}, "set"),
+        ({"headers": {"big": "x" * 140_000}}, "more than one frame"),
+        ({"routing_key": "k" * 256}, "longer than 255 bytes"),
+        ({"message_id": ""}, "needs a message_id"),
+    ],
+)
+def test_what_no_broker_would_take_is_refused_before_a_row_is_written(
+    fields: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(UnencodableMessage, match=reason):
+        row_values(_message(**fields))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"properties": "{not json"}, "not standard JSON"),
+        ({"properties": '{"priority": NaN}'}, "not standard JSON"),
+        ({"properties": "[1]"}, "not a JSON object"),
+        ({"properties": '{"priority": "high"}'}, "'priority'"),
+        ({"properties": '{"persistent": 1}'}, "'persistent'"),
+        ({"properties": '{"user_id": "root"}'}, "'user_id'"),
+        ({"headers": b"\x00\x00\x00\x05abc"}, "not an AMQP field table"),
+        ({"headers": encode_table({"a": 1}) + b"zz"}, "2 bytes after"),
+        ({"headers": "text"}, "not an AMQP field table"),
+        ({"body": "text, not bytes"}, "not bytes"),
+        ({"message_id": None}, "no message_id"),
+        ({"exchange": 7}, "exchange is not text"),
+    ],
+)
+def test_a_hostile_row_is_undecodable_with_its_reason(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(RowUndecodable, match=reason):
+        message_of(_row(row_values(_message()), **overrides))
+
+
+def test_due_at_is_an_aware_datetime_or_finite_epoch_seconds() -> None:
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert due_seconds(when) == when.timestamp()
+    assert due_seconds(12.5) == 12.5 and due_seconds(None) is None
+    for bad in (datetime(2030, 1, 1), math.nan, math.inf, True, "tomorrow"):
+        with pytest.raises(ConfigurationError):
+            due_seconds(bad)  # type: ignore[arg-type]
+
+
+def test_the_ordering_key_defaults_to_the_key_header() -> None:
+    assert ordering_key_of(_message(headers={"key": "order-1"}), None) == "order-1"
+    assert ordering_key_of(_message(headers={"key": "order-1"}), "other") == "other"
+    assert ordering_key_of(_message(headers={"key": 7}), None) is None
+    assert ordering_key_of(_message(), None) is None
+    for bad in ("", "\ud800"):
+        with pytest.raises(ConfigurationError):
+            ordering_key_of(_message(), bad)
+
+
+def test_a_rows_due_time_is_its_creation_or_later() -> None:
+    values = row_values(_message(), due_at=50.0)
+    assert _row(values).due == 100.0  # due before it was written: due at once
+    assert _row(values, due_at=150.0).due == 150.0
+
+
+# --- chains ----------------------------------------------------------------------------------
+def test_a_chain_is_a_head_and_its_keys_ready_rows_in_id_order() -> None:
+    heads = [Candidate(1, "a", 10), Candidate(2, None, 10), Candidate(5, "b", 10)]
+    followers = [
+        Candidate(7, "a", 10),
+        Candidate(3, "a", 10),
+        Candidate(9, "a", 10, ready=False),  # not due yet: holds 11
+        Candidate(11, "a", 10),
+        Candidate(6, "b", 10),
+        Candidate(4, "z", 10),  # no head for it
+    ]
+    assert plan(heads, followers, 100, 1000) == [[1, 3, 7], [2], [5, 6]]
+
+
+def test_a_batch_keeps_its_budget_but_always_takes_one_row() -> None:
+    heads = [Candidate(1, "a", 500), Candidate(2, "b", 10)]
+    followers = [Candidate(3, "a", 10)]
+    assert plan(heads, followers, 100, 100) == [[1]]  # the huge first row goes alone
+    assert plan(heads, followers, 2, 10_000) == [[1], [2]]  # heads take the budget first
+    assert plan([Candidate(1, "a", 1), Candidate(2, "a", 1)], [], 10, 10) == [[1]]
+
+
+def test_a_cut_drops_the_rest_of_a_chain_after_a_row_the_lease_did_not_get() -> None:
+    chains = [[1, 3, 7], [2], [5, 6]]
+    assert cut(chains, {1, 7, 2, 6}) == ([[1], [2]], [7, 6])
+
+
+@given(
+    chains=st.lists(
+        st.lists(st.integers(1, 10**6), min_size=1, max_size=5, unique=True), max_size=6
+    ),
+    outcomes=st.lists(st.booleans(), max_size=40),
+)
+def test_a_chains_rows_go_out_one_at_a_time_in_order_and_stop_at_a_failure(
+    chains: list[list[int]], outcomes: list[bool]
+) -> None:
+    seen: set[int] = set()
+    unique: list[list[int]] = []
+    for chain in chains:
+        kept = [r for r in chain if r not in seen]
+        seen.update(kept)
+        if kept:
+            unique.append(kept)
+    chains = unique
+    run = ChainRun(chains)
+    out = run.start()
+    assert out == [c[0] for c in chains]
+    handed: list[int] = list(out)
+    sent: dict[int, bool] = {}
+    pending = list(out)
+    for ok in outcomes:
+        if not pending:
+            break
+        row = pending.pop(0)
+        sent[row] = ok
+        following = run.settle(row, ok)
+        if following is not None:
+            pending.append(following)
+            handed.append(following)
+    for chain in chains:
+        went = [r for r in handed if r in chain]
+        assert went == chain[: len(went)]  # a prefix, in order
+        for before in went[:-1]:
+            assert sent.get(before) is True  # the next only after a confirm
+        failed = [r for r in went if sent.get(r) is False]
+        if failed:
+            assert went[-1] == failed[0]  # nothing after a failure
+    assert set(run.unattempted()) == {r for c in chains for r in c} - set(handed)
+    assert run.done == (not pending)
+
+
+def test_a_row_settled_twice_or_never_handed_out_is_an_error() -> None:
+    run = ChainRun([[1, 2]])
+    run.start()
+    assert run.settle(1, True) == 2
+    with pytest.raises(KeyError):
+        run.settle(1, True)
+    with pytest.raises(ValueError, match="two chains"):
+        ChainRun([[1], [1]])
+
+
+# --- outcomes --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("error", "verdict", "parked"),
+    [
+        (None, Verdict.SENT, False),
+        (MessageUnroutable("returned"), Verdict.REFUSED, False),
+        (MessageNacked("nacked"), Verdict.REFUSED, False),
+        (NotFound("404 no exchange", 404), Verdict.REFUSED, False),
+        (
+            PreconditionFailed("406 message size 9 larger than max size 8", 406),
+            Verdict.REFUSED,
+            False,
+        ),
+        (UnencodableMessage("priority 300"), Verdict.REFUSED, True),
+        (RowUndecodable("not a row"), Verdict.REFUSED, True),
+        (PublishFailed("connection lost"), Verdict.LOST, False),
+        (BrokerBlocked("blocked"), Verdict.LOST, False),
+        (RuntimeError("a bug"), Verdict.LOST, False),
+    ],
+)
+def test_each_publish_outcome_has_one_verdict(
+    error: BaseException | None, verdict: Verdict, parked: bool
+) -> None:
+    assert judge(error) == (verdict, parked)
+    result = result_for(7, error, 3, 1.0, 60.0, lambda a, b: b)
+    assert (result.verdict, result.parked) == (verdict, parked)
+    if verdict is Verdict.REFUSED and not parked:
+        assert result.wait == 4.0 and result.error and type(error).__name__ in result.error
+    if parked:
+        assert result.wait == PARKED
+
+
+def test_a_refused_row_backs_off_exponentially_within_its_cap() -> None:
+    assert [refusal_delay(n, 1.0, 30.0, lambda a, b: b) for n in range(1, 8)] == [
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+    ]
+    assert refusal_delay(3, 1.0, 30.0, lambda a, b: a) == 2.0  # jitter: at most half off
+
+
+# --- status ----------------------------------------------------------------------------------
+def test_the_status_says_what_needs_a_person() -> None:
+    relay = RelaySeen("r", "h", 1, 0.0, 10.0)
+    healthy = OutboxStatus(10.0, 3, 3, 0, 0, 0, 1.0, (relay,))
+    assert outbox_problems(healthy, "db") == []
+    stuck = OutboxStatus(10.0, 5, 2, 1, 2, 1, 300.0, ())
+    lines = outbox_problems(stuck, "db", max_age=60, max_failed=0, max_due=1)
+    assert len(lines) == 4
+    assert "waited 300 s" in lines[0] and "2 row(s) refused" in lines[1]
+    assert "2 rows due" in lines[2] and "0 relay(s) running" in lines[3]
+    assert outbox_problems(stuck, "db", max_age=None, max_failed=None, min_relays=0) == []
+    assert stuck.as_dict()["oldest_due_age"] == 300.0
+    assert "pending=5" in stuck.line()
+
+
+def test_the_schema_exists_for_both_dialects_only() -> None:
+    for dialect in ("sqlite", "postgresql"):
+        statements = schema(dialect)
+        assert any("amqp_lab_outbox (" in s for s in statements)
+    assert "CACHE 1" in schema("postgresql")[0] and "AUTOINCREMENT" in schema("sqlite")[0]
+    with pytest.raises(ValueError):
+        schema("mysql")  # type: ignore[arg-type]
+
+
+def test_a_chain_deferred_behind_its_keys_earlier_rows_goes_or_is_dropped() -> None:
+    """A continuation: rows of a key leased while the key's earlier chain is in flight wait
+    for :meth:`ChainRun.resume` (the earlier chain confirmed to its end) or are dropped
+    (it failed), and keep their batch open meanwhile."""
+    run = ChainRun([[5, 6], [9]])
+    assert run.start(defer={5}) == [9]
+    assert run.settle(9, True) is None
+    assert not run.done  # the deferred chain still holds the batch
+    assert run.resume(5) == 5 and run.settle(5, True) == 6 and run.last(6)
+    assert run.settle(6, True) is None and run.done
+    dropped = ChainRun([[7, 8]])
+    assert dropped.start(defer={7}) == [] and not dropped.done
+    dropped.drop(7)
+    assert dropped.done and sorted(dropped.unattempted()) == [7, 8]
