@@ -19,6 +19,7 @@ has the table).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -211,9 +212,7 @@ class Consumer(OnEngine):
                 last_activity = now
                 if len(pending) < batch_size and now - batch_started < ack_interval:
                     continue  # the hot path: collecting a batch (stop() is seen at its end)
-            # once per batch (or inactivity tick), not per delivery: the handler watch and
-            # the unacked gauge
-            self.watch.check()
+            self.watch.check()  # once per batch or inactivity tick, not per delivery
             self._note_unacked(channel, len(pending))
             if self.engine.stopping:
                 break
@@ -227,26 +226,19 @@ class Consumer(OnEngine):
             elif method is None and units:
                 # nothing more arrived: settle what is done (everything, with one unit)
                 self._settle_done(connection, channel, units, block=self.config.concurrency == 1)
-            if (
-                units
-                and self._in_flight + len(pending) + len(self._settler.parked_tags)
-                >= self.config.prefetch
+            if units and self._in_flight + len(pending) + len(self._settler.parked_tags) >= (
+                self.config.prefetch
             ):
                 # the broker sends nothing more until something is settled: wait for a handler
                 # (pika's consume generator would only look again after its inactivity tick)
                 self._settle_done(connection, channel, units, block=True)
-            if self._done():
-                break
             idle = self.config.idle_exit
-            if method is None and idle is not None and now - last_activity >= idle and not units:
+            if self._done() or (
+                method is None and idle is not None and now - last_activity >= idle and not units
+            ):
                 break
-        else:  # cancelled by the broker: what was delivered is still ours to settle
-            if pending and not self.engine.stopping:
-                self._start(connection, channel, units, pending)
-            elif pending:  # a stop was asked for: nothing more starts
-                for method, _, _ in pending:
-                    hand_back(channel, method.delivery_tag)
-            self._settle_all(connection, channel, units)
+        else:
+            self._after_broker_cancel(connection, channel, units, pending)
             return False
         self.engine.state = State.DRAINING
         cancel_handing_back(channel)  # basic.cancel; what pika holds goes back (nack requeue)
@@ -254,6 +246,18 @@ class Consumer(OnEngine):
         for method, _, _ in pending:  # collected, never started: back to the queue
             hand_back(channel, method.delivery_tag)
         return True
+
+    def _after_broker_cancel(
+        self, connection: Any, channel: Any, units: list[_InFlight], pending: list[Any]
+    ) -> None:
+        """The broker cancelled the consumer: what was delivered is still ours to settle
+        (started unless a stop was asked for: then handed back)."""
+        if pending and not self.engine.stopping:
+            self._start(connection, channel, units, pending)
+        elif pending:
+            for method, _, _ in pending:
+                hand_back(channel, method.delivery_tag)
+        self._settle_all(connection, channel, units)
 
     def _start(
         self,
@@ -273,14 +277,11 @@ class Consumer(OnEngine):
         declares a message poison (``max_redeliveries``) grows for the message that killed the
         worker, not for innocent ones that happened to run beside it.
 
-        Deliveries that reach this point after the broker cancelled the consumer (basic.cancel:
-        pika hands over every delivery that arrived before the cancel first) do not start
-        either while the queue still exists: then the cancel was a quorum queue's consumer
-        timeout (RabbitMQ 4.3+), which has returned them to the queue already (a late
-        settlement of theirs is ignored), so running them would only run them twice; they are
-        handed back (:func:`hand_back`) and come back on the next subscription. When the queue
-        is gone (deleted, its node down) they run: they may be the only copies left."""
-        if self._channel.hand_back_after_cancel(connection, deliveries, self._hand_back(channel)):
+        Deliveries that reach this point after the broker cancelled the consumer do not start
+        while the queue still exists (:meth:`ChannelWatch.hand_back_after_cancel`: a 4.3
+        quorum queue's consumer timeout has returned them already)."""
+        give_back = functools.partial(hand_back, channel)
+        if self._channel.hand_back_after_cancel(connection, deliveries, give_back):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
         room = 1 if alone else self.config.concurrency
@@ -291,9 +292,7 @@ class Consumer(OnEngine):
                     hand_back(channel, method.delivery_tag)
                 return
             # waiting pumps the connection: the broker's basic.cancel may have been read now
-            if self._channel.hand_back_after_cancel(
-                connection, deliveries, self._hand_back(channel)
-            ):
+            if self._channel.hand_back_after_cancel(connection, deliveries, give_back):
                 return
         batch = self._prepare(deliveries)
         self._in_flight += len(batch)
@@ -341,10 +340,6 @@ class Consumer(OnEngine):
     def _settle_all(self, connection: Any, channel: Any, units: list[_InFlight]) -> None:
         while units:
             self._settle_done(connection, channel, units, block=True)
-
-    @staticmethod
-    def _hand_back(channel: Any) -> Callable[[int], None]:
-        return lambda delivery_tag: hand_back(channel, delivery_tag)
 
     def _batch_size(self) -> int:
         """Deliveries per batch: ``ack_batch``, but never past ``max_messages``."""

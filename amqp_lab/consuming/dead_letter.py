@@ -76,6 +76,38 @@ def dlq_message(
     redelivery. ``failed_at`` in epoch seconds. Raises RecordTooLarge when no form fits: the
     body is over a known ``max_message_size``, or the message's own headers fill the frame."""
     assert d.error is not None
+    record = _record_of(d, settlement, first_seen_at, queue, failed_at)
+    routing_key = str(d.method.routing_key)
+    message = record_message(record, dlx, routing_key)
+    if len(message.body) <= (max_message_size or JSON_RECORD_LIMIT):
+        return message
+    if max_message_size is not None and len(d.body) > max_message_size:
+        raise RecordTooLarge(
+            f"the DLQ record of message_id={d.message_id} cannot fit: its body of "
+            f"{len(d.body)} bytes is over the broker's max_message_size ({max_message_size})",
+            max_message_size,
+        )
+    raw = raw_record_message(
+        record,
+        body=d.body,
+        headers=d.headers,
+        properties=d.properties_dict(),
+        dlx=dlx,
+        routing_key=routing_key,
+    )
+    if raw is None:
+        raise RecordTooLarge(
+            f"the DLQ record of message_id={d.message_id} cannot fit: its own headers leave "
+            "no room in one frame for the record's"
+        )
+    return raw
+
+
+def _record_of(
+    d: Delivery, settlement: Settlement, first_seen_at: str, queue: str, failed_at: float
+) -> dict[str, Any]:
+    """``d``'s DLQ record; a fallback record with the exact body if building it fails."""
+    assert d.error is not None
     try:
         record = build_record(
             body=d.body,
@@ -103,30 +135,7 @@ def dlq_message(
             error=d.error,
             problem=f"{type(e).__name__}: {e}",
         )
-    routing_key = str(d.method.routing_key)
-    message = record_message(record, dlx, routing_key)
-    if len(message.body) <= (max_message_size or JSON_RECORD_LIMIT):
-        return message
-    if max_message_size is not None and len(d.body) > max_message_size:
-        raise RecordTooLarge(
-            f"the DLQ record of message_id={d.message_id} cannot fit: its body of "
-            f"{len(d.body)} bytes is over the broker's max_message_size ({max_message_size})",
-            max_message_size,
-        )
-    raw = raw_record_message(
-        record,
-        body=d.body,
-        headers=d.headers,
-        properties=d.properties_dict(),
-        dlx=dlx,
-        routing_key=routing_key,
-    )
-    if raw is None:
-        raise RecordTooLarge(
-            f"the DLQ record of message_id={d.message_id} cannot fit: its own headers leave "
-            "no room in one frame for the record's"
-        )
-    return raw
+    return record
 
 
 class ConfirmedWriter:

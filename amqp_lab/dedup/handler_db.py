@@ -1,0 +1,152 @@
+"""The handler's ``db``: the store's connection as a handler sees it, the same in every store
+and mode (:class:`HandlerDb`), the placeholder translation for PostgreSQL, and one handler of a
+batch in a savepoint (:func:`run_in_savepoint`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from amqp_lab.errors import DedupStoreError
+
+__all__ = ["Dialect", "HandlerDb", "qmark_to_format", "run_in_savepoint"]
+
+Dialect = Literal["sqlite", "postgresql"]
+
+
+@functools.lru_cache(maxsize=1024)
+def qmark_to_format(sql: str) -> str:
+    """``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` as ``%%``), leaving quoted
+    strings and identifiers alone but for their ``%``."""
+    out: list[str] = []
+    quote: str | None = None
+    for char in sql:
+        if char == "%":
+            out.append("%%")
+        elif quote is not None:
+            out.append(char)
+            if char == quote:
+                quote = None
+        elif char in ("'", '"'):
+            quote = char
+            out.append(char)
+        elif char == "?":
+            out.append("%s")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+class HandlerDb:
+    """The store's connection as a handler sees it, the same in every store and mode.
+
+    ``execute(sql, params)`` and ``executemany(sql, rows)`` take ``?`` placeholders;
+    ``dialect`` is ``sqlite`` or ``postgresql``. The first use calls ``on_first_use`` (the
+    SQLite store begins its transaction only then, so a handler's work outside the database
+    does not hold the write lock; in a batch, a SAVEPOINT, so a failing handler's writes roll
+    back alone). What would end the store's transaction - ``commit``, ``rollback``, ``close``,
+    ``executescript``, ``with db:`` - raises TypeError.
+
+    ``used`` turns true only once ``on_first_use`` succeeded: a handler that catches a failed
+    BEGIN (the write lock not granted in time) and tries again begins again. With
+    ``guard_transaction`` (SQLite), a statement after the transaction ended underneath the
+    handler (SQLite rolls back by itself on a full disk or an I/O error) raises DedupStoreError
+    instead of running in autocommit mode - it would commit without the claim, and the
+    redelivery would apply it a second time."""
+
+    __slots__ = ("_connection", "_format", "_guard", "_on_first_use", "dialect", "used")
+
+    def __init__(
+        self,
+        connection: Any,
+        dialect: Dialect,
+        on_first_use: Callable[[], None] | None = None,
+        guard_transaction: bool = False,
+    ) -> None:
+        self._connection = connection
+        self.dialect = dialect
+        self._format = dialect == "postgresql"
+        self._on_first_use = on_first_use
+        self._guard = guard_transaction
+        self.used = False
+
+    def _use(self) -> Any:
+        if not self.used:
+            if self._on_first_use is not None:
+                self._on_first_use()
+            self.used = True
+        if self._guard and not self._connection.in_transaction:
+            raise DedupStoreError(
+                "the store's transaction ended under the handler (the database rolled it back): "
+                "nothing of this delivery is committed; it will be redelivered"
+            )
+        return self._connection
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        """Run one statement; ``?`` placeholders, ``params`` a sequence. Returns a cursor."""
+        connection = self._use()
+        if self._format and params is not None:
+            sql = qmark_to_format(sql)
+        return connection.execute(sql) if params is None else connection.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        """Run one statement for every row of ``rows`` (``?`` placeholders)."""
+        connection = self._use()
+        if self._format:
+            with connection.cursor() as cursor:
+                cursor.executemany(qmark_to_format(sql), rows)
+                return cursor
+        return connection.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _ENDS_THE_TRANSACTION:
+            raise TypeError(
+                f"db.{name} would end the store's transaction; the store commits after the "
+                "handler (a batch after its last handler)"
+            )
+        raise AttributeError(f"HandlerDb has no {name!r}: use execute() or executemany()")
+
+    def __enter__(self) -> HandlerDb:
+        raise TypeError("with db: would commit the store's transaction")
+
+    def __exit__(self, *exc: object) -> None:
+        raise TypeError("with db: would commit the store's transaction")
+
+
+_ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript", "autocommit"})
+
+
+def run_in_savepoint(
+    connection: Any, dialect: Dialect, work: Callable[[Any], None], check: Callable[[], None]
+) -> BaseException | None:
+    """Run one handler of a batch on a :class:`HandlerDb` whose first use opens ``SAVEPOINT
+    delivery``; then ``check()`` (the store's test that its transaction is still usable).
+    Returns None after RELEASE, or the exception ``work`` or ``check`` raised after ROLLBACK
+    TO. A DedupStoreError (the store failed or was misused) is raised, not returned."""
+
+    def savepoint(statement: str) -> None:
+        try:
+            connection.execute(statement)
+        except Exception as e:  # sqlite3.Error or psycopg.Error
+            raise DedupStoreError(f"{statement} failed: {e}") from e
+
+    db = HandlerDb(
+        connection,
+        dialect,
+        functools.partial(savepoint, "SAVEPOINT delivery"),
+        guard_transaction=dialect == "sqlite",
+    )
+    try:
+        work(db)
+        check()
+    except DedupStoreError:
+        raise
+    except BaseException as e:  # the handler's error (sys.exit() too): roll back this one only
+        if db.used:
+            savepoint("ROLLBACK TO delivery")
+            savepoint("RELEASE delivery")
+        return e
+    if db.used:
+        savepoint("RELEASE delivery")
+    return None
