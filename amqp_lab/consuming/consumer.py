@@ -32,7 +32,7 @@ import pika.exceptions as pe
 from amqp_lab.connection import translate
 from amqp_lab.consuming.config import ConsumerConfig, Handler
 from amqp_lab.consuming.dead_letter import StaleDelivery
-from amqp_lab.consuming.delivery import Delivery, DeliveryReport, prepare
+from amqp_lab.consuming.delivery import Delivery, DeliveryReport
 from amqp_lab.consuming.engine import ConsumerEngine, OnEngine, stale_as_lost
 from amqp_lab.consuming.handler_contract import check_handler
 from amqp_lab.consuming.handler_watch import HandlerWatch
@@ -41,6 +41,7 @@ from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.queue_watch import ChannelWatch, await_queue
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
+from amqp_lab.consuming.units import InFlight, decode_batch, start_now, start_spans
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import ConsumerCancelled, DedupStoreError
 from amqp_lab.observability.guard import guarded
@@ -50,9 +51,6 @@ from amqp_lab.settings import BrokerSettings
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
 
 log = logging.getLogger(__name__)
-
-
-_InFlight = tuple[list[Delivery], "Future[None] | None"]
 
 
 class Consumer(OnEngine):
@@ -96,7 +94,7 @@ class Consumer(OnEngine):
         )
         self._in_flight = 0  # deliveries of the batch whose commit is under way
         self._consumed = False  # the queue existed once: missing later means deleted
-        self._units: list[_InFlight] = []  # the current connection's units in flight
+        self._units: list[InFlight] = []  # the current connection's units in flight
         self._channel = ChannelWatch(config.queue)  # the broker's cancel or close, heard
         self.watch = HandlerWatch(config.handler_warn_after, config.queue)
         self._runner = HandlerRunner(
@@ -197,7 +195,7 @@ class Consumer(OnEngine):
         ``concurrency`` units at once; a unit is settled on this thread once its commit is
         done. With one unit at a time the next one is decoded while the previous commits."""
         pending: list[tuple[Any, Any, bytes]] = []
-        units: list[_InFlight] = []  # submitted, not settled yet
+        units: list[InFlight] = []  # submitted, not settled yet
         self._units = units
         last_activity = batch_started = time.monotonic()
         batch_size = self._batch_size()
@@ -210,15 +208,17 @@ class Consumer(OnEngine):
                     batch_size = self._batch_size()
                 pending.append((method, properties, body))
                 last_activity = now
-                if len(pending) < batch_size and now - batch_started < ack_interval:
+                if (
+                    len(pending) < batch_size
+                    and now - batch_started < ack_interval
+                    and not start_now(channel, units, self.config.concurrency)
+                ):
                     continue  # the hot path: collecting a batch (stop() is seen at its end)
             self.watch.check()  # once per batch or inactivity tick, not per delivery
             self._note_unacked(channel, len(pending))
             if self.engine.stopping:
                 break
-            full = len(pending) >= batch_size
-            due = bool(pending) and (method is None or now - batch_started >= ack_interval)
-            if full or due:
+            if pending:  # full, due, nothing more to batch, or an inactivity tick: start it
                 self._start(connection, channel, units, pending)
                 pending = []
                 if self.config.ack_batch == 1 and self.config.concurrency == 1:
@@ -248,7 +248,7 @@ class Consumer(OnEngine):
         return True
 
     def _after_broker_cancel(
-        self, connection: Any, channel: Any, units: list[_InFlight], pending: list[Any]
+        self, connection: Any, channel: Any, units: list[InFlight], pending: list[Any]
     ) -> None:
         """The broker cancelled the consumer: what was delivered is still ours to settle
         (started unless a stop was asked for: then handed back)."""
@@ -263,7 +263,7 @@ class Consumer(OnEngine):
         self,
         connection: Any,
         channel: Any,
-        units: list[_InFlight],
+        units: list[InFlight],
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
         """Wait for room among the ``concurrency`` units in flight (settling finished ones
@@ -285,6 +285,9 @@ class Consumer(OnEngine):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
         room = 1 if alone else self.config.concurrency
+        # decoded while the units in flight commit (their fsync releases the GIL); the spans
+        # start once the unit starts
+        batch = decode_batch(deliveries, self.clock(), self.config.max_body_bytes)
         while len(units) >= room:
             self._settle_done(connection, channel, units, block=True)
             if self.engine.stopping:
@@ -294,7 +297,7 @@ class Consumer(OnEngine):
             # waiting pumps the connection: the broker's basic.cancel may have been read now
             if self._channel.hand_back_after_cancel(connection, deliveries, give_back):
                 return
-        batch = self._prepare(deliveries)
+        start_spans(batch, self.config.queue)
         self._in_flight += len(batch)
         self._note_unacked(channel)
         units.append((batch, self._submit(connection, batch)))
@@ -310,7 +313,7 @@ class Consumer(OnEngine):
         self.observer.unacked(self._in_flight + collected + parked + waiting)
 
     def _settle_done(
-        self, connection: Any, channel: Any, units: list[_InFlight], block: bool
+        self, connection: Any, channel: Any, units: list[InFlight], block: bool
     ) -> None:
         """Settle the units whose work is done (in submission order first: with one unit at a
         time that keeps acks in order); with ``block``, first wait (pumping I/O) until one is."""
@@ -337,7 +340,7 @@ class Consumer(OnEngine):
         self._in_flight = 0
         return failed
 
-    def _settle_all(self, connection: Any, channel: Any, units: list[_InFlight]) -> None:
+    def _settle_all(self, connection: Any, channel: Any, units: list[InFlight]) -> None:
         while units:
             self._settle_done(connection, channel, units, block=True)
 
@@ -353,21 +356,13 @@ class Consumer(OnEngine):
         return limit is not None and self.handled + self._in_flight >= limit
 
     # --- deliveries -------------------------------------------------------------------------
-    def _prepare(self, deliveries: list[tuple[Any, Any, bytes]]) -> list[Delivery]:
-        """Decode ``deliveries`` and start each one's process span (ended once settled)."""
-        config, now = self.config, self.clock()
-        batch = [prepare(m, p, b, now, config.max_body_bytes) for m, p, b in deliveries]
-        for d in batch:
-            d.start_span(config.queue)
-        return batch
-
     def _submit(self, connection: Any, batch: list[Delivery]) -> Future[None] | None:
         """Start the store work of ``batch`` on a handler thread; None when there is none."""
         if not any(d.task is not None or d.message_id is not None for d in batch):
             return None
         return self.engine.submit(connection, lambda: self._runner.process(batch))
 
-    def _finish(self, connection: Any, channel: Any, in_flight: _InFlight) -> None:
+    def _finish(self, connection: Any, channel: Any, in_flight: InFlight) -> None:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
         first), then ack the successes - with one basic.ack(multiple=True) for a batch, unless
         a parked delivery sits on the channel."""
@@ -388,7 +383,7 @@ class Consumer(OnEngine):
                     end_process_span(d.span, "not-settled", d.error)
                     d.span = None
 
-    def _wait_any(self, connection: Any, units: list[_InFlight]) -> None:
+    def _wait_any(self, connection: Any, units: list[InFlight]) -> None:
         """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing
         (:meth:`ConsumerEngine.pump_until_done`: StaleDelivery when the connection dies)."""
         futures = [f for _, f in units if f is not None]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
+
 from amqp_lab.consuming.settlement import attempt_number
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import InvalidMessage, error_text
@@ -140,10 +142,15 @@ class Delivery:
             self.trace_id,
         )
 
-    def start_span(self, queue: str) -> None:
+    def start_span(self, queue: str, recording: bool = True) -> None:
         """Start this delivery's OpenTelemetry ``process <queue>`` span (ended once settled:
         :func:`~amqp_lab.observability.tracing.end_process_span`); with an SDK, a message
-        without a trace starts one, whose id the report then carries."""
+        without a trace starts one, whose id the report then carries. ``recording``: what
+        :func:`~amqp_lab.observability.tracing.recording` said for the batch (False: a
+        message without trace context gets the shared invalid span at once)."""
+        if not recording and "traceparent" not in self.headers:
+            self.span = trace.INVALID_SPAN
+            return
         self.span = start_process_span(
             queue,
             self.headers,

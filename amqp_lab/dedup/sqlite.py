@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -150,27 +150,34 @@ class SqliteDedupStore(SqlStore):
         self._end(db, commit=True)
 
     @contextmanager
-    def _alone(self, message_id: str) -> Iterator[None]:
-        """Threads of this process run one message_id at a time: a second copy waits."""
+    def _alone(self, message_ids: Collection[str]) -> Iterator[None]:
+        """Threads of this process run one message_id at a time: a second copy waits. The ids
+        are taken all at once or not at all (one Event for them all, one lock round per try),
+        so two batches never wait for each other in a cycle."""
+        done = threading.Event()
+        running = self._running
         while True:
             with self._all_lock:
-                running = self._running.get(message_id)
-                if running is None:
-                    self._running[message_id] = threading.Event()
+                busy = next((running[m] for m in message_ids if m in running), None)
+                if busy is None:
+                    for message_id in message_ids:
+                        running[message_id] = done
                     break
-            running.wait()
+            busy.wait()
         try:
             yield
         finally:
             with self._all_lock:
-                self._running.pop(message_id).set()
+                for message_id in message_ids:
+                    del running[message_id]
+            done.set()
 
     def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
         """See :class:`~amqp_lab.dedup.base.DedupStore`: ``work`` runs with no transaction
         open until it first uses ``db``; the claim follows it in the same transaction,
         committed (fsync) before this returns True. Returns False, having committed nothing,
         when the message_id is already claimed (before or while ``work`` ran)."""
-        with self._alone(message_id):
+        with self._alone((message_id,)):
             if self.is_processed(message_id):
                 return False
             db = self._connection()
@@ -207,9 +214,7 @@ class SqliteDedupStore(SqlStore):
         INSERT (per 500) records the new ones: a batch of 500 handlers that write nothing is
         four statements instead of 1,500 (each costs CPU and a GIL hand-off with the consumer's
         I/O thread)."""
-        with ExitStack() as alone:  # in sorted order, before BEGIN: no waiting in a cycle
-            for message_id in sorted({message_id for message_id, _ in batch}):
-                alone.enter_context(self._alone(message_id))
+        with self._alone({message_id for message_id, _ in batch}):  # before BEGIN
             return self._process_batch(batch)
 
     def _process_batch(
