@@ -211,7 +211,7 @@ class Consumer(OnEngine):
                 if (
                     len(pending) < batch_size
                     and now - batch_started < ack_interval
-                    and not start_now(channel, units, self.config.concurrency)
+                    and not start_now(channel, units)
                 ):
                     continue  # the hot path: collecting a batch (stop() is seen at its end)
             self.watch.check()  # once per batch or inactivity tick, not per delivery

@@ -21,16 +21,17 @@ InFlight = tuple[list[Delivery], "Future[None] | None"]
 """A unit in flight: its deliveries and the future of its store work (None: nothing to run)."""
 
 
-def start_now(channel: Any, units: list[InFlight], concurrency: int) -> bool:
+def start_now(channel: Any, units: list[InFlight]) -> bool:
     """Whether a partial batch starts at once: pika holds no further delivery on ``channel``
-    and fewer than ``concurrency`` units are still running, so waiting ``ack_interval`` would
-    batch nothing more. Under load deliveries queue up while a unit commits and the batches
-    fill; at a low rate each delivery starts when it arrives (publish -> processed latency:
-    docs/benchmarks.md)."""
+    and no unit is running, so waiting ``ack_interval`` would batch nothing more (group
+    commit). Under load deliveries queue up while a unit commits and the batches fill; at a
+    low rate each delivery starts when it arrives (publish -> processed latency:
+    docs/benchmarks.md). With units running, a partial batch still waits up to
+    ``ack_interval``: starting one unit per delivery beside them costs a transaction each
+    (measured with ``--concurrency 4`` on SQLite: consumer ratio 0.26, p99 87 ms)."""
     if channel.get_waiting_message_count():
         return False
-    busy = sum(1 for _, future in units if future is not None and not future.done())
-    return busy < concurrency
+    return all(future is None or future.done() for _, future in units)
 
 
 def decode_batch(

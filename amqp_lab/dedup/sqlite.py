@@ -66,6 +66,10 @@ class SqliteDedupStore(SqlStore):
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._running: dict[str, threading.Event] = {}  # message_ids whose handler runs now
+        # this process's threads take SQLite's write lock one after another through this lock:
+        # a thread waiting in SQLite's busy handler sleeps 1, 2, 5 ... 100 ms between looks
+        # (sqliteDefaultBusyCallback), one waiting here wakes when the writer is done
+        self._write_lock = threading.RLock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = self._connection()
@@ -117,12 +121,27 @@ class SqliteDedupStore(SqlStore):
         return DedupStoreError(text)
 
     def _begin(self, db: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE, holding the process's write lock until :meth:`_end`."""
+        self._write_lock.acquire()
         try:
-            db.execute("BEGIN IMMEDIATE")  # waits up to busy_timeout for the write lock
+            db.execute("BEGIN IMMEDIATE")  # another process's writer: waits up to busy_timeout
         except sqlite3.Error as e:
+            self._write_lock.release()
             raise self._error("cannot begin a transaction in", e) from e
+        self._local.writing = getattr(self._local, "writing", 0) + 1
 
     def _end(self, db: sqlite3.Connection, commit: bool) -> None:
+        """COMMIT (or ROLLBACK) what :meth:`_begin` began - a transaction a handler ended
+        itself included - and release the write lock."""
+        try:
+            self._finish(db, commit)
+        finally:
+            writing = getattr(self._local, "writing", 0)
+            if writing:
+                self._local.writing = writing - 1
+                self._write_lock.release()
+
+    def _finish(self, db: sqlite3.Connection, commit: bool) -> None:
         if not db.in_transaction:
             return
         if not commit:
