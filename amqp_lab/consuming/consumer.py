@@ -320,8 +320,9 @@ class Consumer(OnEngine):
         if block:
             self._wait_any(connection, units)
         for unit in [u for u in units if u[1] is None or u[1].done()]:
+            oldest = units[0] is unit  # every earlier delivery on the channel is settled
             units.remove(unit)
-            self._finish(connection, channel, unit)
+            self._finish(connection, channel, unit, oldest)
 
     def _outlive_units(self) -> BaseException | None:
         """Wait for every unit still in a handler thread (after the loop ended abnormally) and
@@ -362,10 +363,10 @@ class Consumer(OnEngine):
             return None
         return self.engine.submit(connection, lambda: self._runner.process(batch))
 
-    def _finish(self, connection: Any, channel: Any, in_flight: InFlight) -> None:
+    def _finish(self, connection: Any, channel: Any, in_flight: InFlight, oldest: bool) -> None:
         """Wait for a batch's commit (pumping I/O), settle failures one by one (confirmed writes
-        first), then ack the successes - with one basic.ack(multiple=True) for a batch, unless
-        a parked delivery sits on the channel."""
+        first), then ack the successes - with one basic.ack(multiple=True) for a batch when it
+        is the ``oldest`` unit in flight and no parked delivery sits on the channel."""
         batch, future = in_flight
         self._in_flight -= len(batch)
         self._note_unacked(channel)
@@ -373,7 +374,7 @@ class Consumer(OnEngine):
         try:
             if future is not None:
                 future.result()  # done: raises what the store raised (nothing is settled then)
-            self._settler.settle_batch(connection, channel, batch, reports)
+            self._settler.settle_batch(connection, channel, batch, reports, oldest)
         finally:  # what was settled is reported, even when a later settlement raised
             for report in reports:
                 if report is not None:

@@ -109,14 +109,17 @@ class Settler:
         channel: Any,
         batch: list[Delivery],
         reports: list[DeliveryReport | None],
+        oldest: bool = False,
     ) -> None:
         """Settle ``batch`` (committed) on ``channel``, appending each delivery's report to
         ``reports`` in delivery order (None for one that was not settled because a later
-        settlement raised). Raises StaleDelivery when the channel closed, DeadLetterFailed
-        when as many deliveries as the prefetch are parked."""
+        settlement raised). ``oldest``: every delivery before the batch on this channel is
+        settled (its successes may then be acked with one basic.ack multiple=True, as always
+        with one unit at a time). Raises StaleDelivery when the channel closed,
+        DeadLetterFailed when as many deliveries as the prefetch are parked."""
         start = len(reports)
         try:
-            self._settle_batch(connection, channel, batch, reports)
+            self._settle_batch(connection, channel, batch, reports, oldest)
         finally:
             for d, report in zip(batch, reports[start:], strict=False):
                 if report is not None:
@@ -132,6 +135,7 @@ class Settler:
         channel: Any,
         batch: list[Delivery],
         reports: list[DeliveryReport | None],
+        oldest: bool,
     ) -> None:
         successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
         last: Delivery | None = None
@@ -150,7 +154,7 @@ class Settler:
                 raise stuck
         if last is None:
             return
-        if len(batch) > 1 and self._multiple_ok and self.config.concurrency == 1:
+        if len(batch) > 1 and self._multiple_ok and (oldest or self.config.concurrency == 1):
             # every delivery up to the last success is a success or already settled above
             ack_all = functools.partial(channel.basic_ack, last.delivery_tag, multiple=True)
             self.settle(channel, ack_all, last)

@@ -364,18 +364,18 @@ def test_a_message_that_kills_the_worker_is_dead_lettered_after_bounded_redelive
     --max-redeliveries it goes to the DLQ unrun, and the messages behind it are processed."""
     publish(topology, ("crash", "m-crash"), ("ok", "m-1"), ("ok", "m-2"))
     codes: list[int] = []
-    out = ""
+    out = ""  # every run's reports: with several handlers m-1 and m-2 may commit in the first
     while not codes or codes[-1] != 0:
         assert len(codes) < 6, f"crash loop: exit codes {codes}"
         args = ("--max-redeliveries", "2", "--idle-exit", "1.5")
-        code, out, _ = finish(worker(topology, tmp_path, *args))
+        code, run_out, _ = finish(worker(topology, tmp_path, *args))
         codes.append(code)
+        out += run_out
     assert codes == [CRASH_EXIT_CODE] * 3 + [0]  # first delivery, 2 redeliveries, then the DLQ
-    assert [(r["message_id"], r["outcome"]) for r in parse_lines(out)] == [
-        ("m-crash", "dead-lettered"),
-        ("m-1", "processed"),
-        ("m-2", "processed"),
-    ]
+    reports = [(r["message_id"], r["outcome"]) for r in parse_lines(out)]
+    assert settled_order(reports) == settled_order(
+        [("m-crash", "dead-lettered"), ("m-1", "processed"), ("m-2", "processed")]
+    )
     (_, _props, body) = get_all(topology, "q:tasks:dlq")[0]
     assert b'"type":"PoisonMessage"' in body and b'"classification":"poison"' in body
     assert effects(tmp_path / "dedup.sqlite3") == ["m-1", "m-2"]
@@ -396,14 +396,19 @@ def test_a_signal_drains_the_handler_in_flight_then_exits(
     proc.send_signal(sig)
     returncode, out, err = finish(proc, 30)
     assert returncode == code, err
-    running = [f"m-{i}" for i in range(min(3, TEST_CONCURRENCY))]  # in handlers at the signal
+    # in handlers at the signal: the first min(3, concurrency) prefetched, those whose handler
+    # had started (on a loaded machine a handler thread may not have taken the last one yet:
+    # it goes back unstarted, as a drain hands back everything not started)
+    could_run = [f"m-{i}" for i in range(min(3, TEST_CONCURRENCY))]
     outcomes = settled_order([(r["message_id"], r["outcome"]) for r in parse_lines(out)])
+    running = [m for m, _ in outcomes]
+    assert running and set(running) <= set(could_run), outcomes
     assert outcomes == [(m, "processed") for m in running]
     assert out.splitlines()[-1] == (
         f"worker stopped ({sig.name} received): {len(running)} deliveries handled"
     )
     assert f"{sig.name}: draining" in err and "Traceback" not in err
-    assert sorted(effects(tmp_path / "dedup.sqlite3")) == running
+    assert sorted(effects(tmp_path / "dedup.sqlite3")) == sorted(running)
     left = 3 - len(running)
     wait_for(lambda: ready_count(topology, "q:tasks") == left, what="the rest back in the queue")
 
