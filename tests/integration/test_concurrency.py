@@ -303,13 +303,13 @@ def test_processes_sharing_one_sqlite_file_run_their_slow_handlers_at_once(
             "--prefetch",
             "1",
             "--idle-exit",
-            "1.5",
+            "8",  # the first must still be there when the second subscribes on a loaded machine
             "--dedup-path",
             path,
         )
         for _ in range(2)
     ]
-    wait_for(lambda: consumer_count(topology, "q:tasks") == 2, what="both workers subscribed")
+    wait_for(lambda: consumer_count(topology, "q:tasks") == 2, 60, what="both workers subscribed")
     with Publisher(topology) as publisher:
         for i in range(4):
             body = json.dumps({"seconds": 1.0}).encode()
