@@ -164,7 +164,9 @@ def test_missing_queue_at_start_fails_within_seconds_naming_queue_vhost_and_fix(
 def test_wait_for_queue_consumes_once_the_queue_appears(
     vhost: BrokerSettings, tmp_path: Path
 ) -> None:
-    proc = worker(vhost, tmp_path, "--wait-for-queue", "30", "--idle-exit", "6")
+    # idle-exit counts from the subscription: long enough for the topology and the publish
+    # below on a loaded machine (6 s was not, under four xdist workers)
+    proc = worker(vhost, tmp_path, "--wait-for-queue", "30", "--idle-exit", "20")
     time_to_fail = 3  # a worker that did not wait would have exited by now
     with pytest.raises(Exception, match="timed out"):
         proc.wait(time_to_fail)
