@@ -88,8 +88,9 @@ class ConsumerConfig(ConsumerBounds):
     ``retry``: requeue once (default) or broker-held backoff through wait queues of
     ``retry_exchange``; ``ack_batch``: deliveries handled in one store transaction and acked with
     one basic.ack(multiple=True) after its commit; ``ack_interval``: seconds a partial batch may
-    wait (it starts at once when nothing more is buffered and no batch runs). With batches, a prefetch of 3 * ack_batch keeps deliveries flowing while one batch
-    commits and the next is decoded (measured: +8% msg/s over 2 * ack_batch).
+    wait (it starts at once when nothing more is buffered and no batch runs). With batches, a
+    prefetch of 3 * ack_batch keeps deliveries flowing while one batch commits and the next is
+    decoded (measured: +8% msg/s over 2 * ack_batch).
 
     The failure model's bounds, all in seconds or counts:
 
