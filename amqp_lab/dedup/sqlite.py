@@ -121,8 +121,14 @@ class SqliteDedupStore(SqlStore):
         return DedupStoreError(text)
 
     def _begin(self, db: sqlite3.Connection) -> None:
-        """BEGIN IMMEDIATE, holding the process's write lock until :meth:`_end`."""
-        self._write_lock.acquire()
+        """BEGIN IMMEDIATE, holding the process's write lock until :meth:`_end`. Raises
+        StoreUnavailable when another thread of this process holds it past ``busy_timeout``
+        (as SQLite's "database is locked" would): retried like an outage."""
+        if not self._write_lock.acquire(timeout=self._busy_timeout):
+            raise StoreUnavailable(
+                f"cannot begin a transaction in {self.path}: another thread of this process "
+                f"has held the write lock for {self._busy_timeout:g} s"
+            )
         try:
             db.execute("BEGIN IMMEDIATE")  # another process's writer: waits up to busy_timeout
         except sqlite3.Error as e:

@@ -14,7 +14,7 @@ import pytest
 
 from amqp_lab.consuming.units import InFlight, start_now
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.errors import DedupStoreError
+from amqp_lab.errors import DedupStoreError, StoreUnavailable
 
 pytestmark = pytest.mark.unit
 
@@ -104,4 +104,27 @@ def test_the_write_lock_is_released_when_a_handler_ends_the_transaction_itself(
     threading.Thread(target=other, daemon=True).start()
     assert done.wait(5), "another thread could not begin: the write lock was kept"
     assert store.is_processed("c")
+    store.close()
+
+
+def test_a_writer_held_past_busy_timeout_is_store_unavailable_not_a_hang(tmp_path: Path) -> None:
+    """A handler thread that keeps the batch's transaction open past busy_timeout makes the
+    next thread's begin fail with StoreUnavailable (retried as an outage), as SQLite's
+    "database is locked" did before the in-process lock - never a wait without end."""
+    store = SqliteDedupStore(tmp_path / "d.sqlite3", busy_timeout=0.3)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(db: Any) -> None:
+        db.execute("SELECT 1")
+        inside.set()
+        release.wait(5)
+
+    first = threading.Thread(target=lambda: store.process_batch([("a", hold), ("b", hold)]))
+    first.start()
+    assert inside.wait(5)
+    with pytest.raises(StoreUnavailable, match="held the write lock"):
+        store.process_batch([("c", lambda db: None), ("d", lambda db: None)])
+    release.set()
+    first.join(5)
+    assert store.is_processed("a") and not store.is_processed("c")
     store.close()
