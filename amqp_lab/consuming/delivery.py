@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import trace
-
 from amqp_lab.consuming.settlement import attempt_number
 from amqp_lab.dlq.record import utc_iso
 from amqp_lab.errors import InvalidMessage, error_text
@@ -142,15 +140,12 @@ class Delivery:
             self.trace_id,
         )
 
-    def start_span(self, queue: str, recording: bool = True) -> None:
+    def start_span(self, queue: str, recording: bool | None = None) -> None:
         """Start this delivery's OpenTelemetry ``process <queue>`` span (ended once settled:
         :func:`~amqp_lab.observability.tracing.end_process_span`); with an SDK, a message
         without a trace starts one, whose id the report then carries. ``recording``: what
-        :func:`~amqp_lab.observability.tracing.recording` said for the batch (False: a
-        message without trace context gets the shared invalid span at once)."""
-        if not recording and "traceparent" not in self.headers:
-            self.span = trace.INVALID_SPAN
-            return
+        :func:`~amqp_lab.observability.tracing.recording` said for the batch (None: ask
+        it now)."""
         self.span = start_process_span(
             queue,
             self.headers,
@@ -159,6 +154,7 @@ class Delivery:
             routing_key=str(self.method.routing_key),
             delivery_tag=self.delivery_tag,
             attempt=self.attempt,
+            spans_record=recording,
         )
         context = self.span.get_span_context()
         if context.is_valid:

@@ -184,13 +184,16 @@ def start_process_span(
     routing_key: str,
     delivery_tag: int,
     attempt: int,
+    spans_record: bool | None = None,
 ) -> Span:
     """Start (not end) the CONSUMER span ``process <queue>`` of one delivery, child of the
     context its headers carry. :func:`end_process_span` ends it once the delivery is settled;
     run the handler inside ``trace.use_span(span, end_on_exit=False)`` so its own spans are
     children. Costs nothing without an SDK when the message carries no trace context: the
     shared invalid span then (nothing to record, nothing to pass on)."""
-    if not recording() and not _carries_context(headers):
+    if spans_record is None:  # a batch asks once (recording() reads os.environ without an SDK)
+        spans_record = recording()
+    if not spans_record and not _carries_context(headers):
         return trace.INVALID_SPAN
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
