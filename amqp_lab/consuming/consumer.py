@@ -2,19 +2,17 @@
 
 For each delivery: decode (a bad delivery is a business error, never the worker's end),
 de-duplicate by message_id and run the handler in one store transaction, commit, then decide
-(:mod:`amqp_lab.consuming.settlement`) and settle: basic.ack, basic.nack(requeue=True), a confirmed
-retry copy into a wait queue, or dead-letter. Dead-lettering publishes a DLQ record through
-the DLX with confirms + mandatory and acks the original only after the confirm (classic queue
-dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - in ``reject``
-mode - basic.reject(requeue=False) so the queue's policy DLX moves it and the broker adds
-x-death.
+(:mod:`amqp_lab.consuming.settlement`) and settle: basic.ack, basic.reject(requeue=True), a
+confirmed retry copy into a wait queue, or dead-letter: a DLQ record published through the DLX
+with confirms + mandatory, the original acked only after the confirm (classic queue
+dead-lettering is at-most-once: https://www.rabbitmq.com/docs/dlx#safety), or - ``reject``
+mode - basic.reject(requeue=False), so the queue's policy DLX moves it and adds x-death.
 
 This module is the plain consumer's scheduler: batches of ``ack_batch`` deliveries, up to
-``concurrency`` of them at once, in delivery order; its connections, reconnects, handler threads,
+``concurrency`` of them at once, in delivery order; connections, reconnects, handler threads,
 settlement on the delivering channel and dead-lettering are the engine's
 (:mod:`amqp_lab.consuming.engine`), shared with the ordered consumer. Every way a consume ends
-is recoverable, fatal or finished (:mod:`amqp_lab.consuming.lifecycle`; docs/failure-model.md
-has the table).
+is recoverable, fatal or finished (:mod:`amqp_lab.consuming.lifecycle`, docs/failure-model.md).
 """
 
 from __future__ import annotations
@@ -41,11 +39,18 @@ from amqp_lab.consuming.lifecycle import State
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.queue_watch import ChannelWatch, await_queue
 from amqp_lab.consuming.settling import Settler, cancel_handing_back, hand_back
-from amqp_lab.consuming.units import InFlight, decode_batch, start_now, start_spans
+from amqp_lab.consuming.units import (
+    InFlight,
+    decode_batch,
+    end_unsettled_spans,
+    must_wait,
+    running,
+    start_now,
+    start_spans,
+)
 from amqp_lab.dedup import DedupStore
 from amqp_lab.errors import ConsumerCancelled, DedupStoreError
 from amqp_lab.observability.guard import guarded
-from amqp_lab.observability.tracing import end_process_span
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["Consumer", "ConsumerConfig", "DeliveryReport", "Handler"]
@@ -200,13 +205,14 @@ class Consumer(OnEngine):
         last_activity = batch_started = time.monotonic()
         batch_size = self._batch_size()
         ack_interval = self.config.ack_interval
-        for method, properties, body in consuming:
+        for delivery in consuming:  # (method, properties, body): kept as pika made it
             now = time.monotonic()
+            method = delivery[0]
             if method is not None:
                 if not pending:
                     batch_started = now
                     batch_size = self._batch_size()
-                pending.append((method, properties, body))
+                pending.append(delivery)
                 last_activity = now
                 if (
                     len(pending) < batch_size
@@ -266,8 +272,9 @@ class Consumer(OnEngine):
         units: list[InFlight],
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
-        """Wait for room among the ``concurrency`` units in flight (settling finished ones
-        meanwhile), decode ``deliveries`` into a unit and hand it to a handler thread. A stop
+        """Decode ``deliveries`` into a unit, wait for a free handler thread among the
+        ``concurrency`` (pumping I/O), hand the unit to it, then settle the units that finished
+        - while the new one runs, so a handler thread never waits for a settlement. A stop
         asked for while waiting starts nothing more: the deliveries go back to the queue
         (basic.nack requeue: :func:`hand_back`), as everything prefetched but not started does on a
         drain.
@@ -284,12 +291,14 @@ class Consumer(OnEngine):
         if self._channel.hand_back_after_cancel(connection, deliveries, give_back):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
-        room = 1 if alone else self.config.concurrency
         # decoded while the units in flight commit (their fsync releases the GIL); the spans
         # start once the unit starts
         batch = decode_batch(deliveries, self.clock(), self.config.max_body_bytes)
-        while len(units) >= room:
-            self._settle_done(connection, channel, units, block=True)
+        while must_wait(units, alone, self.config.concurrency):
+            if alone:  # every unit before it settled first
+                self._settle_done(connection, channel, units, block=True)
+            else:  # a free handler thread is enough: what finished is settled below
+                self._wait_any(connection, running(units))
             if self.engine.stopping:
                 for method, _, _ in deliveries:
                     hand_back(channel, method.delivery_tag)
@@ -303,6 +312,8 @@ class Consumer(OnEngine):
         units.append((batch, self._submit(connection, batch)))
         if alone:
             self._settle_all(connection, channel, units)
+        else:
+            self._settle_done(connection, channel, units, block=False)  # beside the new one
 
     def _note_unacked(self, channel: Any, collected: int = 0) -> None:
         """Tell the observer how many deliveries the broker has handed over and this consumer
@@ -333,10 +344,7 @@ class Consumer(OnEngine):
                 error = future.exception()  # waits: the handler's transaction ends either way
                 if failed is None and isinstance(error, DedupStoreError):
                     failed = error
-            for d in batch:  # never settled here: the broker redelivers them
-                if d.span is not None:
-                    end_process_span(d.span, "not-settled", d.error)
-                    d.span = None
+            end_unsettled_spans(batch)  # never settled here: the broker redelivers them
         self._units = []
         self._in_flight = 0
         return failed
@@ -379,10 +387,7 @@ class Consumer(OnEngine):
             for report in reports:
                 if report is not None:
                     self.on_report(report)
-            for d in batch:  # not settled (the store failed, the channel closed): redelivered
-                if d.span is not None:
-                    end_process_span(d.span, "not-settled", d.error)
-                    d.span = None
+            end_unsettled_spans(batch)  # the store failed, the channel closed: redelivered
 
     def _wait_any(self, connection: Any, units: list[InFlight]) -> None:
         """Wait until a unit's handlers are done, pumping I/O so heartbeats keep flowing

@@ -8,7 +8,7 @@ receives it (and then every other worker in turn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from amqp_lab.consuming.settlement import attempt_number
@@ -107,7 +107,7 @@ class Delivery:
     error: BaseException | None = None
     duplicate: bool = False
     first_seen_at: float | None = None  # recorded at the first failure (the store's memory)
-    notes: list[str] = field(default_factory=list)  # e.g. why a retry copy was not written
+    notes: tuple[str, ...] = ()  # e.g. why a retry copy was not written
     handler_seconds: float | None = None  # the handler's run time (handler thread)
     span: Any = None  # its OpenTelemetry process span, ended once settled
     trace_id: str | None = None  # the traceparent's trace id, when it carried one

@@ -168,10 +168,7 @@ class HandlerRunner:
         process_batch = getattr(self.store, "process_batch", None)
         if batched and process_batch is not None:
             pairs = [
-                (
-                    d.task.message_id,
-                    self._timed(d, functools.partial(call_handler, self.handler, d.task)),
-                )
+                (d.task.message_id, HandlerCall(self, d, d.task))
                 for d in work
                 if d.task is not None
             ]
@@ -195,31 +192,46 @@ class HandlerRunner:
 
     def _work(self, d: Delivery, task: Task) -> Callable[[Any], None]:
         """``work(db)`` for the store: the handler under its contract, timed and watched."""
-        return self._timed(d, functools.partial(call_handler, self.handler, task))
+        return HandlerCall(self, d, task)
 
-    def _timed(self, d: Delivery, work: Callable[[Any], None]) -> Callable[[Any], None]:
-        """``work`` (the handler for ``d``, given the store's db) with the watch told when it
-        starts and ends."""
-        key, message_id = id(d), d.message_id or "?"
+    def add_handler_time(self, spent: float) -> None:
+        """Handler thread: ``spent`` seconds of handler time inside the current store call
+        (left out of the store's time for the observer)."""
+        self._handler_time.seconds = getattr(self._handler_time, "seconds", 0.0) + spent
 
-        def run(db: Any) -> None:
-            self.watch.started(key, message_id)
-            started = time.perf_counter()
-            try:
-                if d.span is None or d.span is trace.INVALID_SPAN:
-                    work(db)  # no trace context: nothing to make current
-                else:
-                    with trace.use_span(
-                        d.span,
-                        end_on_exit=False,
-                        record_exception=False,  # recorded, masked, when the span ends
-                        set_status_on_exception=False,
-                    ):
-                        work(db)
-            finally:
-                spent = time.perf_counter() - started
-                d.handler_seconds = (d.handler_seconds or 0.0) + spent
-                self._handler_time.seconds = getattr(self._handler_time, "seconds", 0.0) + spent
-                self.watch.finished(key)
 
-        return run
+class HandlerCall:
+    """``call(db)``: the handler on one delivery's task under its contract
+    (:func:`~amqp_lab.consuming.handler_contract.call_handler`), with the watch told when it
+    starts and ends, its time added to the delivery's ``handler_seconds``, and the delivery's
+    span current while it runs. One small object per delivery, not closures: a batch of fast
+    handlers leaves little for the garbage collector to trace."""
+
+    __slots__ = ("d", "runner", "task")
+
+    def __init__(self, runner: HandlerRunner, d: Delivery, task: Task) -> None:
+        self.runner = runner
+        self.d = d
+        self.task = task
+
+    def __call__(self, db: Any) -> None:
+        runner, d = self.runner, self.d
+        key = id(d)
+        runner.watch.started(key, d.message_id or "?")
+        started = time.perf_counter()
+        try:
+            if d.span is None or d.span is trace.INVALID_SPAN:
+                call_handler(runner.handler, self.task, db)  # no trace context to make current
+            else:
+                with trace.use_span(
+                    d.span,
+                    end_on_exit=False,
+                    record_exception=False,  # recorded, masked, when the span ends
+                    set_status_on_exception=False,
+                ):
+                    call_handler(runner.handler, self.task, db)
+        finally:
+            spent = time.perf_counter() - started
+            d.handler_seconds = (d.handler_seconds or 0.0) + spent
+            runner.add_handler_time(spent)
+            runner.watch.finished(key)

@@ -36,6 +36,7 @@ and comes back when its per-message TTL expires; failure max_attempts dead-lette
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
@@ -130,7 +131,7 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy = REQUEUE_ONCE) -
     queue), ``hold`` mode (the ordered consumer) in the worker: the delivery stays unacked at
     the head of its key's line and runs again after a full-jitter wait."""
     if outcome is Outcome.SUCCESS:
-        return Settlement(Action.ACK, attempt, outcome)
+        return _ack(attempt)  # the same value every time: shared, not built per delivery
     if outcome in (Outcome.BUSINESS, Outcome.POISON) or attempt >= policy.max_attempts:
         return Settlement(Action.DEAD_LETTER, attempt, outcome)
     if policy.mode == "backoff":
@@ -138,3 +139,9 @@ def decide(outcome: Outcome, attempt: int, policy: RetryPolicy = REQUEUE_ONCE) -
     if policy.mode == "hold":
         return Settlement(Action.HOLD, attempt, outcome)
     return Settlement(Action.REQUEUE, attempt, outcome)
+
+
+@functools.lru_cache(maxsize=64)
+def _ack(attempt: int) -> Settlement:
+    """The (immutable) ACK settlement of a successful ``attempt``."""
+    return Settlement(Action.ACK, attempt, Outcome.SUCCESS)

@@ -137,15 +137,17 @@ class Settler:
         reports: list[DeliveryReport | None],
         oldest: bool,
     ) -> None:
-        successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
+        successes: list[int] = []  # positions in reports: reported once acked
+        acked: list[DeliveryReport] = []  # their reports
         last: Delivery | None = None
         for d in batch:
             settlement = decide_settlement(classify(d.error), d.attempt, self.config.retry)
             self.handled += 1
             if settlement.action is Action.ACK:
                 outcome = "duplicate" if d.duplicate else "processed"
-                successes.append((len(reports), d.report(outcome, settlement.attempts)))
-                reports.append(None)  # reported once acked
+                successes.append(len(reports))
+                acked.append(d.report(outcome, settlement.attempts))
+                reports.append(None)
                 last = d
                 continue
             reports.append(self._settle_failure(connection, channel, d, settlement))
@@ -162,7 +164,7 @@ class Settler:
             for d in batch:
                 if d.error is None:  # the successes (processed or duplicate)
                     self.settle(channel, functools.partial(channel.basic_ack, d.delivery_tag), d)
-        for position, report in successes:
+        for position, report in zip(successes, acked, strict=True):
             reports[position] = report
 
     def _settle_failure(
@@ -219,7 +221,7 @@ class Settler:
         try:
             self.engine.writer.write(connection, channel, copy, what, parent)
         except DeadLetterFailed as e:  # the wait queue would not take it: the DLQ instead
-            d.notes.append(str(e))
+            d.notes += (str(e),)
             return None
         self.settle(channel, lambda: channel.basic_ack(d.delivery_tag), d)
         return d.report("retried", settlement.attempts, wait, kind)

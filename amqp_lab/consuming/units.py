@@ -13,12 +13,35 @@ from concurrent.futures import Future
 from typing import Any
 
 from amqp_lab.consuming.delivery import Delivery, prepare
-from amqp_lab.observability.tracing import recording
+from amqp_lab.observability.tracing import end_process_span, recording
 
-__all__ = ["InFlight", "decode_batch", "start_now", "start_spans"]
+__all__ = [
+    "InFlight",
+    "decode_batch",
+    "end_unsettled_spans",
+    "must_wait",
+    "running",
+    "start_now",
+    "start_spans",
+]
 
 InFlight = tuple[list[Delivery], "Future[None] | None"]
 """A unit in flight: its deliveries and the future of its store work (None: nothing to run)."""
+
+
+def running(units: list[InFlight]) -> list[InFlight]:
+    """The units whose store work is still running on a handler thread (not yet done)."""
+    return [unit for unit in units if unit[1] is not None and not unit[1].done()]
+
+
+def must_wait(units: list[InFlight], alone: bool, concurrency: int) -> bool:
+    """Whether a new unit waits before it starts: one holding a redelivered delivery (``alone``)
+    until every unit before it is settled; any other until fewer than ``concurrency`` units
+    run - a finished unit not yet settled does not count: the consumer settles it while the
+    new one runs, so a handler thread never waits for a settlement."""
+    if alone:
+        return bool(units)
+    return len(running(units)) >= concurrency
 
 
 def start_now(channel: Any, units: list[InFlight]) -> bool:
@@ -48,3 +71,12 @@ def start_spans(batch: list[Delivery], queue: str) -> None:
     spans = recording()
     for d in batch:
         d.start_span(queue, spans)
+
+
+def end_unsettled_spans(batch: list[Delivery]) -> None:
+    """End the process span of each delivery of ``batch`` that was not settled (its unit's
+    store work failed, or its channel closed: the broker redelivers it) as ``not-settled``."""
+    for d in batch:
+        if d.span is not None:
+            end_process_span(d.span, "not-settled", d.error)
+            d.span = None

@@ -252,15 +252,17 @@ class SqliteDedupStore(SqlStore):
         try:
             held = claims_held(HandlerDb(db, "sqlite"), [message_id for message_id, _ in batch])
             claims: list[str] = []
+            current = ""  # the message_id whose handler runs (one check for the batch)
+
+            def still_open() -> None:
+                if not db.in_transaction:
+                    raise self._ended(current)
+
             for message_id, work in batch:
                 if message_id in held:
                     results.append(False)
                     continue
-
-                def still_open(message_id: str = message_id) -> None:
-                    if not db.in_transaction:
-                        raise self._ended(message_id)
-
+                current = message_id
                 error = run_in_savepoint(db, "sqlite", work, still_open)
                 if error is None:
                     held.add(message_id)

@@ -172,7 +172,12 @@ def test_a_postgresql_restart_under_the_relay_and_its_writers_loses_nothing(
         expected = commit_order(url)
         got, _ = first_seen_order(topology)
         assert got == expected  # every committed row, per key in commit order
-        assert sum(len(v) for v in got.values()) == 300
+        # a COMMIT cut by a restart may have committed before the writer saw it fail: the
+        # writer then runs that transaction again (on other keys), and both copies committed,
+        # so both were published - published if and only if committed
+        transactions = {mid.split("/")[1].rsplit("-", 1)[0] for v in got.values() for mid in v}
+        assert transactions == {f"w-{n}" for n in range(150)}
+        assert 300 <= sum(len(v) for v in got.values()) <= 300 + 2 * len(errors)
         assert errors, "the restarts did not reach the writers"
 
 
