@@ -12,8 +12,10 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
+from opentelemetry import trace
+
 from amqp_lab.consuming.delivery import Delivery, prepare
-from amqp_lab.observability.tracing import end_process_span, recording
+from amqp_lab.observability.tracing import end_process_span, needs_span, recording
 
 __all__ = [
     "InFlight",
@@ -70,7 +72,10 @@ def start_spans(batch: list[Delivery], queue: str) -> None:
     once per batch: OpenTelemetry's answer reads ``os.environ`` without an SDK."""
     spans = recording()
     for d in batch:
-        d.start_span(queue, spans)
+        if needs_span(d.headers, spans):
+            d.start_span(queue, spans)
+        else:  # what start_process_span would return, without its arguments built
+            d.span = trace.INVALID_SPAN
 
 
 def end_unsettled_spans(batch: list[Delivery]) -> None:

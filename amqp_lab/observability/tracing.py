@@ -42,6 +42,7 @@ __all__ = [
     "context_of",
     "end_process_span",
     "inject",
+    "needs_span",
     "publish_span",
     "recording",
     "replay_span",
@@ -114,6 +115,13 @@ def context_from_headers(headers: Mapping[Any, Any] | None) -> Context:
 
 def _carries_context(headers: Mapping[Any, Any] | None) -> bool:
     return bool(headers) and "traceparent" in headers  # type: ignore[operator]
+
+
+def needs_span(headers: Mapping[Any, Any] | None, spans_record: bool) -> bool:
+    """Whether a delivery with ``headers`` gets a process span of its own: spans record (an
+    SDK), or it carries a trace context to pass on. Otherwise :func:`start_process_span` gives
+    the shared invalid span, and a consumer can set it without the call."""
+    return spans_record or _carries_context(headers)
 
 
 def trace_id_of(headers: Mapping[Any, Any] | None) -> str | None:
@@ -193,7 +201,7 @@ def start_process_span(
     shared invalid span then (nothing to record, nothing to pass on)."""
     if spans_record is None:  # a batch asks once (recording() reads os.environ without an SDK)
         spans_record = recording()
-    if not spans_record and not _carries_context(headers):
+    if not needs_span(headers, spans_record):
         return trace.INVALID_SPAN
     attributes: dict[str, Any] = {
         "messaging.system": "rabbitmq",
