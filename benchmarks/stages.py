@@ -13,6 +13,10 @@ The stages are those of docs/benchmarks.md's table:
   transaction, one multi-row claim insert, one fsync), per delivery; and, apart from the total
   (a first delivery never pays it), ``redelivery count``: ``note_return`` of one redelivered
   delivery (one transaction);
+* ``handler runner``: what the handler thread adds around the claim for each delivery
+  (:class:`~amqp_lab.consuming.handling.HandlerRunner`: the handler called under its contract,
+  timed and watched, in its savepoint) - ``process`` of every unit on a fresh store, less the
+  ``dedup claim`` stage;
 * ``hand-off``: giving a unit to a handler thread and waking the I/O thread, per delivery;
 * ``settlement``: :class:`amqp_lab.consuming.settling.Settler` deciding and acking a batch
   (one basic.ack multiple on a channel that only counts), per delivery;
@@ -54,8 +58,10 @@ from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.config import ConsumerConfig
 from amqp_lab.consuming.delivery import Delivery, prepare
 from amqp_lab.consuming.engine import ConsumerEngine, EngineConfig
+from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settling import Settler
+from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.exporters.metrics import ConsumerMetrics
 from amqp_lab.message import OutgoingMessage
@@ -144,12 +150,23 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         ) / len(redelivered)
         store.close()
     units = [deliveries[i : i + batch] for i in range(0, n, batch)]
+    with tempfile.TemporaryDirectory() as tmp:  # a fresh store: first deliveries again
+        fresh = SqliteDedupStore(Path(tmp) / "d.sqlite3")
+        config = ConsumerConfig(NAMES, prefetch=3 * batch, ack_batch=batch, verify_topology=False)
+        runner = HandlerRunner(noop_handler, fresh, config, StoreRetry(30.0))
+
+        def run_units() -> None:
+            for unit in units:
+                runner.process(unit)
+
+        whole = cpu(run_units)
+        us["handler runner"] = max(0.0, whole - us["dedup claim"])
+        fresh.close()
     with ThreadPoolExecutor(1) as pool:
         us["hand-off"] = cpu(lambda: [pool.submit(len, unit).result() for unit in units])
     observer: ConsumerObserver = NO_OBSERVER
     if args.metrics:
         observer = ConsumerMetrics("/", "q", registry=CollectorRegistry())
-    config = ConsumerConfig(NAMES, prefetch=3 * batch, ack_batch=batch, verify_topology=False)
     engine = ConsumerEngine(
         BrokerSettings("amqp://guest:guest@127.0.0.1/%2F"),
         store,
@@ -191,6 +208,10 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
 def noop(db: Any) -> None:
     """The bench handler: the claim is the only write."""
+
+
+def noop_handler(task: Any, db: Any) -> None:
+    """The bench handler as the consumer calls it (task, db)."""
 
 
 def main() -> int:
