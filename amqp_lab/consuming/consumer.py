@@ -43,8 +43,6 @@ from amqp_lab.consuming.units import (
     InFlight,
     decode_batch,
     end_unsettled_spans,
-    must_wait,
-    running,
     start_now,
     start_spans,
 )
@@ -272,9 +270,8 @@ class Consumer(OnEngine):
         units: list[InFlight],
         deliveries: list[tuple[Any, Any, bytes]],
     ) -> None:
-        """Decode ``deliveries`` into a unit, wait for a free handler thread among the
-        ``concurrency`` (pumping I/O), hand the unit to it, then settle the units that finished
-        - while the new one runs, so a handler thread never waits for a settlement. A stop
+        """Wait for room among the ``concurrency`` units in flight (settling finished ones
+        meanwhile), decode ``deliveries`` into a unit and hand it to a handler thread. A stop
         asked for while waiting starts nothing more: the deliveries go back to the queue
         (basic.nack requeue: :func:`hand_back`), as everything prefetched but not started does on a
         drain.
@@ -291,14 +288,12 @@ class Consumer(OnEngine):
         if self._channel.hand_back_after_cancel(connection, deliveries, give_back):
             return
         alone = any(method.redelivered for method, _, _ in deliveries)
+        room = 1 if alone else self.config.concurrency
         # decoded while the units in flight commit (their fsync releases the GIL); the spans
         # start once the unit starts
         batch = decode_batch(deliveries, self.clock(), self.config.max_body_bytes)
-        while must_wait(units, alone, self.config.concurrency):
-            if alone:  # every unit before it settled first
-                self._settle_done(connection, channel, units, block=True)
-            else:  # a free handler thread is enough: what finished is settled below
-                self._wait_any(connection, running(units))
+        while len(units) >= room:
+            self._settle_done(connection, channel, units, block=True)
             if self.engine.stopping:
                 for method, _, _ in deliveries:
                     hand_back(channel, method.delivery_tag)
@@ -312,8 +307,6 @@ class Consumer(OnEngine):
         units.append((batch, self._submit(connection, batch)))
         if alone:
             self._settle_all(connection, channel, units)
-        else:
-            self._settle_done(connection, channel, units, block=False)  # beside the new one
 
     def _note_unacked(self, channel: Any, collected: int = 0) -> None:
         """Tell the observer how many deliveries the broker has handed over and this consumer

@@ -194,6 +194,8 @@ class ConsumerEngine:
         meanwhile, wait for all of them (their commits stand or roll back) and raise
         StaleDelivery: nothing of theirs can be settled on it."""
         pump_error: BaseException | None = None
+        if not futures:
+            return  # nothing to wait for (a loop over none would never end)
         while not any(f.done() for f in futures):
             on_tick()
             try:

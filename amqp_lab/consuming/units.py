@@ -21,29 +21,12 @@ __all__ = [
     "InFlight",
     "decode_batch",
     "end_unsettled_spans",
-    "must_wait",
-    "running",
     "start_now",
     "start_spans",
 ]
 
 InFlight = tuple[list[Delivery], "Future[None] | None"]
 """A unit in flight: its deliveries and the future of its store work (None: nothing to run)."""
-
-
-def running(units: list[InFlight]) -> list[InFlight]:
-    """The units whose store work is still running on a handler thread (not yet done)."""
-    return [unit for unit in units if unit[1] is not None and not unit[1].done()]
-
-
-def must_wait(units: list[InFlight], alone: bool, concurrency: int) -> bool:
-    """Whether a new unit waits before it starts: one holding a redelivered delivery (``alone``)
-    until every unit before it is settled; any other until fewer than ``concurrency`` units
-    run - a finished unit not yet settled does not count: the consumer settles it while the
-    new one runs, so a handler thread never waits for a settlement."""
-    if alone:
-        return bool(units)
-    return len(running(units)) >= concurrency
 
 
 def start_now(channel: Any, units: list[InFlight]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.consuming.units import InFlight, must_wait, running, start_now
+from amqp_lab.consuming.units import InFlight, start_now
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import DedupStoreError, StoreUnavailable
 
@@ -54,32 +54,6 @@ def test_a_partial_batch_starts_at_once_only_when_nothing_more_is_held_and_no_un
     waiting: int, units: list[InFlight], expected: bool
 ) -> None:
     assert start_now(Channel(waiting), units) is expected
-
-
-@pytest.mark.parametrize(
-    ("units", "alone", "concurrency", "expected"),
-    [
-        ([], False, 1, False),
-        ([unit(False)], False, 1, True),  # the one handler thread is busy
-        ([unit(True)], False, 1, False),  # finished, not settled: settled beside the new unit
-        ([unit(None)], False, 1, False),  # nothing ran: nothing to wait for
-        ([unit(True), unit(False)], False, 2, False),
-        ([unit(False), unit(False)], False, 2, True),
-        ([unit(False)], False, 4, False),
-        ([], True, 1, False),  # a redelivered delivery, nothing in flight: it starts
-        ([unit(True)], True, 4, True),  # ... else it waits until everything is settled
-        ([unit(None)], True, 4, True),
-    ],
-)
-def test_a_unit_waits_for_a_free_handler_thread_and_a_redelivered_one_for_every_settlement(
-    units: list[InFlight], alone: bool, concurrency: int, expected: bool
-) -> None:
-    assert must_wait(units, alone, concurrency) is expected
-
-
-def test_running_lists_the_units_whose_store_work_is_not_done() -> None:
-    busy, done, empty = unit(False), unit(True), unit(None)
-    assert running([done, busy, empty]) == [busy]
 
 
 def test_threads_take_turns_on_the_write_lock_and_the_next_wakes_at_once(tmp_path: Path) -> None:
@@ -154,3 +128,28 @@ def test_a_writer_held_past_busy_timeout_is_store_unavailable_not_a_hang(tmp_pat
     first.join(5)
     assert store.is_processed("a") and not store.is_processed("c")
     store.close()
+
+
+@pytest.mark.timeout(10)
+def test_pumping_until_one_of_no_futures_is_done_returns_at_once(tmp_path: Path) -> None:
+    """An empty list is nothing to wait for: the pump must not loop on it for ever (the
+    connection is not even touched)."""
+    from amqp_lab.consuming.config import ConsumerConfig
+    from amqp_lab.consuming.engine import ConsumerEngine, EngineConfig
+    from amqp_lab.consuming.observer import NO_OBSERVER
+    from amqp_lab.settings import BrokerSettings
+    from amqp_lab.topology import Names
+
+    names = Names(exchange="", routing_key="q", queue="q", dead_letter_exchange="", dlq="")
+    config = ConsumerConfig(names, verify_topology=False)
+    store = SqliteDedupStore(tmp_path / "d.sqlite3")
+    engine = ConsumerEngine(
+        BrokerSettings("amqp://guest:guest@127.0.0.1/%2F"),
+        store,
+        EngineConfig(dlx="", expectations=config.retry_expectations("/"), verify_topology=False),
+        NO_OBSERVER,
+    )
+    try:
+        engine.pump_until_done(None, [])
+    finally:
+        store.close()
