@@ -203,14 +203,13 @@ class Consumer(OnEngine):
         last_activity = batch_started = time.monotonic()
         batch_size = self._batch_size()
         ack_interval = self.config.ack_interval
-        for delivery in consuming:  # (method, properties, body): kept as pika made it
+        for method, properties, body in consuming:
             now = time.monotonic()
-            method = delivery[0]
             if method is not None:
                 if not pending:
                     batch_started = now
                     batch_size = self._batch_size()
-                pending.append(delivery)
+                pending.append((method, properties, body))
                 last_activity = now
                 if (
                     len(pending) < batch_size

@@ -137,17 +137,15 @@ class Settler:
         reports: list[DeliveryReport | None],
         oldest: bool,
     ) -> None:
-        successes: list[int] = []  # positions in reports: reported once acked
-        acked: list[DeliveryReport] = []  # their reports
+        successes: list[tuple[int, DeliveryReport]] = []  # (position in reports, its report)
         last: Delivery | None = None
         for d in batch:
             settlement = decide_settlement(classify(d.error), d.attempt, self.config.retry)
             self.handled += 1
             if settlement.action is Action.ACK:
                 outcome = "duplicate" if d.duplicate else "processed"
-                successes.append(len(reports))
-                acked.append(d.report(outcome, settlement.attempts))
-                reports.append(None)
+                successes.append((len(reports), d.report(outcome, settlement.attempts)))
+                reports.append(None)  # reported once acked
                 last = d
                 continue
             reports.append(self._settle_failure(connection, channel, d, settlement))
@@ -164,7 +162,7 @@ class Settler:
             for d in batch:
                 if d.error is None:  # the successes (processed or duplicate)
                     self.settle(channel, functools.partial(channel.basic_ack, d.delivery_tag), d)
-        for position, report in zip(successes, acked, strict=True):
+        for position, report in successes:
             reports[position] = report
 
     def _settle_failure(
