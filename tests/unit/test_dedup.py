@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from amqp_lab.dedup import HandlerDb, SqliteDedupStore
+from amqp_lab.dedup import HandlerDb, SqliteDedupStore, run_in_savepoint
 from amqp_lab.errors import DedupStoreError
 
 pytestmark = pytest.mark.unit
@@ -364,3 +364,26 @@ def test_a_statement_after_the_transaction_ended_is_refused_not_autocommitted(
     with pytest.raises(DedupStoreError, match="transaction ended under the handler"):
         notes_store.process_once("m-1", ends_it)
     assert (_notes(db_path), notes_store.is_processed("m-1")) == ([], False)
+
+
+class _SavepointRefused:
+    """A connection whose every statement fails, as a database that lost its disk does."""
+
+    in_transaction = True
+
+    def execute(self, sql: str, *params: Any) -> None:
+        raise sqlite3.OperationalError(f"disk I/O error ({sql})")
+
+
+def test_a_savepoint_the_database_refuses_is_a_store_error_not_the_handlers() -> None:
+    """The handler's first statement opens the savepoint; when the database refuses it, that
+    is the store failing (raised: nothing of the batch commits, nothing is acked), never
+    returned as the handler's own failure (which would dead-letter a healthy message)."""
+    with pytest.raises(DedupStoreError, match="SAVEPOINT delivery failed: disk I/O error"):
+        run_in_savepoint(
+            _SavepointRefused(), "sqlite", lambda db: db.execute("SELECT 1"), lambda: None
+        )
+
+
+def test_a_handler_that_never_touches_db_needs_no_working_database() -> None:
+    assert run_in_savepoint(_SavepointRefused(), "sqlite", lambda db: None, lambda: None) is None
