@@ -62,6 +62,7 @@ from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.exporters.metrics import ConsumerMetrics
+from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
@@ -362,6 +363,7 @@ def latency(
             *(sys.executable, __file__, "--latency-consumer", str(n)),
             *("--batch", str(args.batch), "--latency-queue", queue),
             *("--concurrency", str(args.concurrency)),
+            *("--gc-young-threshold", str(args.gc_young_threshold)),
             *(("--metrics",) if args.metrics else ()),
         ],
         stdout=subprocess.PIPE,
@@ -488,6 +490,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compare", action="store_true", help="print the change against the last recorded run"
     )
+    parser.add_argument(
+        "--gc-young-threshold",
+        type=int,
+        default=DEFAULT_YOUNG_THRESHOLD,
+        metavar="N",
+        help="the garbage collector's young threshold for every path, as the worker sets it "
+        f"(default {DEFAULT_YOUNG_THRESHOLD}; 0: CPython's 700)",
+    )
     parser.add_argument("--queue-type", choices=QUEUE_TYPES, default="classic")
     parser.add_argument(
         "--queue-mode",
@@ -500,6 +510,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--latency-queue", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gc_young_threshold < 0:
+        parser.error("--gc-young-threshold must be at least 0")
     if min(args.messages, args.repeat, args.windows, args.concurrency) < 1:
         parser.error("--messages, --repeat, --windows and --concurrency must be at least 1")
     if args.queue_type == "quorum" and args.queue_mode is not None:
@@ -515,6 +527,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     settings = settings_from_env("amqp-lab bench", heartbeat=60)
+    # what the worker command does once started (amqp_lab.gc_policy), for every path alike
+    tune_gc(args.gc_young_threshold)
     if args.latency_consumer is not None:
         return latency_consumer(settings, args.latency_queue, args.latency_consumer, args)
     entries = entry_points(settings)
@@ -555,6 +569,7 @@ def main() -> int:
         "batch": args.batch,
         "concurrency": args.concurrency,
         "metrics": args.metrics,
+        "gc_young_threshold": args.gc_young_threshold,
         "broker_version": broker_version(entries[0]),
     }
     print_report(summary, median, args)

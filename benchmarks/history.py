@@ -27,7 +27,16 @@ KEYS = (
     "peak_rss_mb",
 )
 """The figures a record keeps and a comparison shows."""
-_SETTINGS = ("queue_type", "messages", "repeat", "batch", "window", "concurrency", "metrics")
+_SETTINGS = (
+    "queue_type",
+    "messages",
+    "repeat",
+    "batch",
+    "window",
+    "concurrency",
+    "metrics",
+    "gc_young_threshold",
+)
 
 
 def broker_version(settings: BrokerSettings) -> str:
@@ -53,7 +62,8 @@ def _commit() -> str:
             timeout=10,
         )
         dirty = subprocess.run(
-            ["git", "-C", str(HISTORY.parent), "status", "--porcelain", "--", "amqp_lab"],
+            # from the repository's root: "amqp_lab" is a path relative to -C's directory
+            ["git", "-C", str(HISTORY.parents[1]), "status", "--porcelain", "--", "amqp_lab"],
             capture_output=True,
             text=True,
             timeout=10,

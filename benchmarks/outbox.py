@@ -49,6 +49,7 @@ import psycopg
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.connection import open_channel
+from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import add
 from amqp_lab.outbox.observer import NoRelayObserver, RelayConfig
@@ -224,8 +225,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=500, help="rows per relay lease")
     parser.add_argument("--rate", type=float, default=200.0, help="latency: rows/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: duration")
+    parser.add_argument(
+        "--gc-young-threshold",
+        type=int,
+        default=DEFAULT_YOUNG_THRESHOLD,
+        metavar="N",
+        help="the garbage collector's young threshold for both paths, as the relay command "
+        f"sets it (default {DEFAULT_YOUNG_THRESHOLD}; 0: CPython's 700)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.gc_young_threshold < 0:
+        parser.error("--gc-young-threshold must be >= 0")
     if min(args.messages, args.repeat, args.window, args.batch) < 1 or args.keys < 0:
         parser.error("--messages, --repeat, --window, --batch must be >= 1, --keys >= 0")
     if not args.rate > 0 or not args.seconds > 0:
@@ -236,6 +247,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     settings = settings_from_env("amqp-lab bench outbox", heartbeat=60)
+    tune_gc(args.gc_young_threshold)  # what amqp-lab-relay does once started, for both paths
     publisher: list[float] = []
     relay: list[float] = []
     one_key: list[float] = []
@@ -272,6 +284,7 @@ def main() -> int:
         "batch": args.batch,
         "body_bytes": len(BODY),
         "latency_rate": args.rate,
+        "gc_young_threshold": args.gc_young_threshold,
     }
     print_report(summary)
     if args.json:

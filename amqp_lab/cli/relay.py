@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.common import EXIT_OK, add_gc_option, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.lifecycle import SignalDrain
 from amqp_lab.dedup.retention import DAY
@@ -37,6 +37,7 @@ from amqp_lab.errors import ConfigurationError
 from amqp_lab.exporters.metrics import PublisherMetrics
 from amqp_lab.exporters.outbox_metrics import OutboxMetrics
 from amqp_lab.exporters.server import serve_metrics
+from amqp_lab.gc_policy import tuned_gc
 from amqp_lab.observability.logs import LOG_FORMATS, json_line, use_json_logs
 from amqp_lab.outbox.observer import RelayConfig, RelayReport
 from amqp_lab.outbox.relay import OutboxRelay
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None, *, default_outbox: Callable[[], str] | N
     )
     _relay_options(parser)
     parser.add_argument("--no-listen", action="store_true", help="PostgreSQL: poll only")
+    add_gc_option(parser)
     parser.add_argument("--idle-exit", type=float, default=None, metavar="S")
     parser.add_argument("--quiet", action="store_true", help="no line per row")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT")
@@ -199,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
         on_report=report,
     )
     drain = SignalDrain(relay, on_signal=lambda text: print(text, file=sys.stderr, flush=True))
-    with drain:
+    with drain, tuned_gc(args.gc_young_threshold):  # start-up done: what is alive now stays
         relay.run()
     why = relay.stop_reason or "finished"
     text = f"relay stopped ({why}): {relay.sent} sent, {relay.refused} refused, {relay.lost} lost"

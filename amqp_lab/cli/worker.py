@@ -36,6 +36,7 @@ from amqp_lab.dedup.retention import PeriodicPurge
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.exporters.metrics import ConsumerMetrics, process_registry
 from amqp_lab.exporters.server import serve_metrics
+from amqp_lab.gc_policy import tuned_gc
 from amqp_lab.observability.logs import json_line, report_event, use_json_logs
 from amqp_lab.ordering import OrderedConsumer
 from amqp_lab.settings import BrokerSettings
@@ -78,7 +79,8 @@ def main(
         # --outbox: the relay thread (it drains at the stop; a relay that fails for good stops
         # the consumer, and its stop raises what ended it)
         background.append(start_worker_relay(args, settings, store_url, registry, consumer.stop))
-        handled, exit_code = _run(args, consumer)
+        with tuned_gc(args.gc_young_threshold):  # start-up done: what is alive now stays
+            handled, exit_code = _run(args, consumer)
     finally:
         for task in reversed(background):
             task.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from amqp_lab.cli.common import add_topology_option
+from amqp_lab.cli.common import add_gc_option, add_topology_option
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.relay import add_outbox_options
 from amqp_lab.dedup.retention import (
@@ -93,6 +93,7 @@ def _flow(parser: CommandParser, _default_handler: str | None) -> None:
         help="exit 0 after S seconds with nothing to do",
     )
     group.add_argument("--max-messages", type=int, default=None, metavar="N")
+    add_gc_option(group)
 
 
 def _retries(parser: CommandParser, _default_handler: str | None) -> None:

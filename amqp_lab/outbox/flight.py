@@ -25,6 +25,7 @@ from amqp_lab.errors import (
     OutboxUnavailable,
     VhostAccessDenied,
 )
+from amqp_lab.observability.tracing import recording
 from amqp_lab.outbox.chains import ChainRun
 from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.observer import RelayConfig, RelayObserver, RelayReport
@@ -237,6 +238,7 @@ class Flight:
         publisher = self.publisher
         failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
         ready: list[tuple[Any, Callable[[Any, Any], None]]] = []
+        spans = recording()  # once per hand-over, not per row
         for row_id in row_ids:
             row = batch.lease.rows[row_id]
             try:
@@ -247,7 +249,7 @@ class Flight:
             if publisher is None or failure is not None:
                 self._settle(batch, row_id, failure, time.time())
                 continue
-            message, span = relay_message(message, row.traceparent, row.tracestate)
+            message, span = relay_message(message, row.traceparent, row.tracestate, spans)
             batch.spans[row_id] = span
             ready.append((message, self._callback(batch.no, row_id)))
         if not ready or publisher is None:

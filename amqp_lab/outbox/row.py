@@ -15,6 +15,7 @@ bytes. The other properties are standard JSON.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -188,6 +189,24 @@ def _holds(name: str, value: Any) -> bool:
     return name == "persistent" and isinstance(value, bool)
 
 
+@functools.lru_cache(maxsize=1024)
+def _property_fields(text: str) -> tuple[tuple[str, Any], ...]:
+    """A row's ``properties`` column as (name, value) pairs. Cached: the rows of one
+    application carry few distinct property sets (the message_id and headers are columns of
+    their own), and the values are immutable (str, int, bool). Raises RowUndecodable (not
+    cached: a bad row is read again each time, and fails again)."""
+    try:
+        properties = decode_json(text)
+    except (ValueError, RecursionError) as e:
+        raise RowUndecodable(f"column properties is not standard JSON: {e}") from e
+    if not isinstance(properties, dict):
+        raise RowUndecodable("column properties is not a JSON object")
+    for name, value in properties.items():
+        if not _holds(name, value):
+            raise RowUndecodable(f"property {name!r} = {value!r:.80} is not one a row holds")
+    return tuple(properties.items())
+
+
 def message_of(row: OutboxRow) -> OutgoingMessage:
     """The message ``row`` stands for (its headers without any trace context: the relay adds
     the stored one). Raises RowUndecodable, with the reason, for a row that is none."""
@@ -198,18 +217,7 @@ def message_of(row: OutboxRow) -> OutgoingMessage:
             raise RowUndecodable(f"column {name} is not text")
     if not isinstance(row.body, bytes | bytearray | memoryview):
         raise RowUndecodable(f"column body is {type(row.body).__name__}, not bytes")
-    try:
-        properties = decode_json(row.properties)
-    except (ValueError, RecursionError) as e:
-        raise RowUndecodable(f"column properties is not standard JSON: {e}") from e
-    if not isinstance(properties, dict):
-        raise RowUndecodable("column properties is not a JSON object")
-    fields: dict[str, Any] = {}
-    for name, value in properties.items():
-        if _holds(name, value):
-            fields[name] = value
-        else:
-            raise RowUndecodable(f"property {name!r} = {value!r:.80} is not one a row holds")
+    fields = dict(_property_fields(row.properties))
     try:
         raw = bytes(row.headers)
         headers, end = decode_table(raw)

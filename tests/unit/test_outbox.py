@@ -24,11 +24,13 @@ from amqp_lab.errors import (
 )
 from amqp_lab.fieldtable import encode_table
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.outbox import trace as outbox_trace
 from amqp_lab.outbox.chains import Candidate, ChainRun, cut, plan
 from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, result_for
 from amqp_lab.outbox.row import (
     OutboxRow,
     RowUndecodable,
+    _property_fields,
     due_seconds,
     message_of,
     ordering_key_of,
@@ -136,6 +138,49 @@ def test_a_hostile_row_is_undecodable_with_its_reason(
 ) -> None:
     with pytest.raises(RowUndecodable, match=reason):
         message_of(_row(row_values(_message()), **overrides))
+
+
+def test_a_hostile_rows_properties_are_refused_every_time_not_remembered() -> None:
+    """The properties column's parse is cached per text; a failure is not: the same bad row,
+    leased again, is refused again with its reason."""
+    bad = _row(row_values(_message()), properties='{"priority": "high"}')
+    for _ in range(2):
+        with pytest.raises(RowUndecodable, match="'priority'"):
+            message_of(bad)
+
+
+def test_rows_sharing_their_properties_text_come_back_as_their_own_messages() -> None:
+    """Rows with the same properties column share one parse (cached) and still come back with
+    their own message_id, headers and body."""
+    _property_fields.cache_clear()
+    first = _message(message_id="m-1", headers={"n": 1}, body=b"1", priority=3)
+    second = _message(message_id="m-2", headers={"n": 2}, body=b"2", priority=3)
+    backs = [message_of(_row(row_values(m))) for m in (first, second, first)]
+    assert [(b.message_id, b.headers, b.body, b.priority) for b in backs] == [
+        ("m-1", {"n": 1}, b"1", 3),
+        ("m-2", {"n": 2}, b"2", 3),
+        ("m-1", {"n": 1}, b"1", 3),
+    ]
+    assert _property_fields.cache_info().hits == 2
+
+
+def test_the_relay_asks_whether_spans_record_once_per_hand_over_not_per_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """relay_message takes the batch's answer (without an SDK, OpenTelemetry's reads
+    os.environ); the stored trace context still replaces the writer's trace headers."""
+
+    def asked() -> bool:
+        raise AssertionError("recording() asked per row")
+
+    monkeypatch.setattr(outbox_trace, "recording", asked)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    message = _message(headers={"traceparent": "00-forged", "a": 1})
+    relayed, span = outbox_trace.relay_message(message, parent, "k=v", spans_record=False)
+    assert span is None
+    assert relayed.headers == {"a": 1, "traceparent": parent, "tracestate": "k=v"}
+    same_message, span = outbox_trace.relay_message(_message(), None, None, spans_record=False)
+    assert span is None and same_message == _message()
 
 
 def test_due_at_is_an_aware_datetime_or_finite_epoch_seconds() -> None:

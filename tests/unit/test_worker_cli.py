@@ -58,8 +58,10 @@ def test_help_groups_the_options_by_concept() -> None:
     assert "--handler" in groups["what it consumes and runs"]
     assert groups["options"] == ["-h"]  # nothing left ungrouped
     grouped = [o for g in groups.values() for o in g]
-    # -h, the 29 options of before and the outbox relay's 6 (--outbox, --outbox-*)
-    assert len(grouped) == len(set(grouped)) == 36
+    # -h, the 29 options of before, the outbox relay's 6 (--outbox, --outbox-*) and
+    # --gc-young-threshold
+    assert len(grouped) == len(set(grouped)) == 37
+    assert "--gc-young-threshold" in groups["deliveries: how many, how fast, when to stop"]
     assert "--outbox" in groups["outbox (docs/outbox.md)"]
     assert len(OPTION_GROUPS) == 8
 
