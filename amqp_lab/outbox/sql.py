@@ -32,7 +32,6 @@ __all__ = [
     "in_list",
     "lease_heads_sql",
     "lease_sql",
-    "leased_sql",
     "not_in",
     "now_sql",
     "size_sql",
@@ -122,7 +121,8 @@ def heads_sql(
 def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
     """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
     UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
-    and then a write) - returning (id, key, size, available_at). Parameters: ``(owner,
+    and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at (the rows
+    themselves: no second statement reads them; 2 of a 500-row lease's 20 ms). Parameters: ``(owner,
     until, now, now, *exclude, *held, scan, now, limit, now)``: the lease re-checked on each
     row's latest version (a lease committed by another relay since this statement's snapshot
     is seen there, not in the subquery)."""
@@ -131,18 +131,9 @@ def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, t
         "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
         f" WHERE id IN ({heads}) AND sent_at IS NULL"
         " AND (lease_until IS NULL OR lease_until <= ?)"
-        f" RETURNING id, ordering_key, {size_sql('postgresql')}, available_at"
+        f" RETURNING {LEASED_COLUMNS}, {size_sql('postgresql')}, available_at"
     )
     return sql, params
-
-
-def leased_sql(dialect: Dialect, ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
-    """The :data:`LEASED_COLUMNS` of ``ids`` ``?`` leases (parameters ``(*ids, owner)``)."""
-    chosen, params = in_list(dialect, "id", ids)
-    return (
-        f"SELECT {LEASED_COLUMNS} FROM amqp_lab_outbox WHERE {chosen} AND lease_owner = ?",
-        params,
-    )
 
 
 def after_sql(dialect: Dialect) -> str:

@@ -34,7 +34,6 @@ from amqp_lab.outbox.sql import (
     in_list,
     lease_heads_sql,
     lease_sql,
-    leased_sql,
 )
 
 __all__ = ["Lease", "OutboxStore", "open_outbox"]  # Lease: amqp_lab.outbox.lease
@@ -158,18 +157,20 @@ class OutboxStore(OutboxAdmin):
         exclude: Sequence[int],
         held: Sequence[str],
     ) -> Lease:
-        """PostgreSQL's lease: the heads leased in one statement
+        """PostgreSQL's lease: the heads leased in one statement that returns their columns
         (:func:`~amqp_lab.outbox.sql.lease_heads_sql`), then their keys' next rows when the
-        batch has room, then the columns of what the budget keeps; heads beyond the byte
-        budget are released untried."""
+        batch has room (leased the same way); heads beyond the byte budget are released
+        untried."""
         now, until = lease.db_now, lease.db_now + lease_seconds
         sql, params = lease_heads_sql(exclude, held)
         scan = max_rows + max_rows // 2
         rows = db.execute(sql, (owner, until, now, now, *params, scan, now, max_rows, now))
-        leased = sorted(rows.fetchall(), key=lambda r: (number(r[3]), int(r[0])))
-        heads = [Candidate(int(r[0]), r[1], int(number(r[2]))) for r in leased]
+        # LEASED_COLUMNS, then size and available_at: oldest first
+        leased = sorted(rows.fetchall(), key=lambda r: (number(r[14]), int(r[0])))
+        heads = [Candidate(int(r[0]), r[2], int(number(r[13]))) for r in leased]
         if not heads:
             return lease
+        columns = {int(r[0]): r for r in leased}
         followers = self._followers(db, now, heads, max_rows, exclude)
         chains = plan(heads, followers, max_rows, max_bytes)
         kept = {row_id for chain in chains for row_id in chain}
@@ -178,16 +179,14 @@ class OutboxStore(OutboxAdmin):
         if more:
             sql, params = lease_sql(self.dialect, more)
             returned = db.execute(sql, (owner, until, *params, now)).fetchall()
+            columns.update((int(r[0]), r) for r in returned)
             got |= {int(r[0]) for r in returned}
         lease.chains, released = cut(chains, got)
         released += [h.id for h in heads if h.id not in kept]
         if released:
             self._release(db, owner, released, untried=True)
         keep = [row_id for chain in lease.chains for row_id in chain]
-        if keep:
-            sql, params = leased_sql(self.dialect, keep)
-            returned = db.execute(sql, (*params, owner)).fetchall()
-            lease.rows = {row.id: row for row in map(leased_row, returned)}
+        lease.rows = {row_id: leased_row(columns[row_id]) for row_id in keep}
         return lease
 
     def _followers(
