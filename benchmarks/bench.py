@@ -629,6 +629,7 @@ def latency_summary(windows: list[dict[str, float]]) -> dict[str, Any]:
         values = [w[key] for w in windows]
         out[key] = round(statistics.median(values), 2)
         out[f"{key}_range"] = [round(min(values), 2), round(max(values), 2)]
+        out[f"{key}_windows"] = [round(v, 2) for v in values]  # in the order they ran
     out["latency_samples"] = sum(int(w["latency_samples"]) for w in windows)
     return out
 

@@ -35,7 +35,12 @@ from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import NAMES, get_all, run_script, wait_for, wait_ready_count
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.failure_model,
+    pytest.mark.no_plain_consumer,
+    pytest.mark.timeout(180),
+]
 
 
 def fill(settings: BrokerSettings, specs: Sequence[tuple[str, BaseException, str]]) -> None:

@@ -16,7 +16,11 @@ from amqp_lab.settings import BrokerSettings
 from lab.chaos_ordered import parse_message_id
 from tests.support import run_script, strict_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.failure_model,
+    pytest.mark.no_plain_consumer,
+]
 
 SMALL = ("--messages", "200", "--keys", "10", "--shards", "2", "--workers", "2")
 CHAOS = ("--kills", "2", "--closes", "2", "--work-ms", "10", "--seed", "14")

@@ -17,7 +17,11 @@ from lab.handler import task_message
 from tests.faultproxy import FaultProxy
 from tests.support import get_all, through, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.failure_model,
+    pytest.mark.no_plain_consumer,
+]
 
 
 @pytest.mark.timeout(90)

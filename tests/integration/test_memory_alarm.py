@@ -20,7 +20,11 @@ from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import get_all, lines_for, run_worker, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.failure_model,
+    pytest.mark.no_plain_consumer,
+]
 WATERMARK = str(512 * 1024 * 1024)
 
 

@@ -31,7 +31,11 @@ from tests.integration.test_memory_alarm import memory_alarm
 from tests.pgsupport import temp_database
 from tests.support import NAMES, get_all, through, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.failure_model,
+    pytest.mark.no_plain_consumer,
+]
 
 
 @contextmanager
