@@ -12,8 +12,9 @@ consume (docs/benchmarks.md, 2026-12-04): about 240 young, 21 middle and 1-2 ful
 :func:`tune_gc` does what CPython's documentation of :func:`gc.freeze` describes for a
 process that has finished starting: it moves what is alive into the permanent generation, which
 no collection walks, and raises the young threshold, so that a batch is mostly freed by
-reference counting before a young collection looks at it. Cycles are still collected, only
-less often: memory is bounded by ``young_threshold`` uncollected young objects at most.
+reference counting before a young collection looks at it. Start-up's own garbage is collected
+first, so nothing dead is frozen. Cycles are still collected, only less often: at most
+``young_threshold`` container objects wait for the next young collection.
 
 This is process-wide state: the library's consumers never call it themselves. The worker and
 relay commands do (``--gc-young-threshold``, 0 to leave CPython's settings alone), and
@@ -27,8 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_YOUNG_THRESHOLD", "GcSettings", "restore_gc", "tune_gc", "tuned_gc"]
+__all__ = [
+    "DEFAULT_YOUNG_THRESHOLD",
+    "MAX_YOUNG_THRESHOLD",
+    "GcSettings",
+    "restore_gc",
+    "tune_gc",
+    "tuned_gc",
+]
 
+MAX_YOUNG_THRESHOLD = 2**31 - 1
+"""The largest threshold :func:`gc.set_threshold` takes (a C int)."""
 DEFAULT_YOUNG_THRESHOLD = 10_000
 """Container allocations (less deallocations) between young collections for a worker:
 14 times CPython's 700. Chosen on the bench (docs/benchmarks.md): 10,000 gave the consumer
@@ -38,26 +48,33 @@ about 10% more than 700, and a batch of 500 deliveries fits in it several times 
 @dataclass(frozen=True, slots=True)
 class GcSettings:
     """What :func:`tune_gc` replaced, for :func:`restore_gc`: the thresholds
-    (:func:`gc.get_threshold`) and whether it froze the objects then alive."""
+    (:func:`gc.get_threshold`) and whether it froze the objects then alive (not when
+    something had frozen objects before it: :func:`gc.unfreeze` would release those too)."""
 
     thresholds: tuple[int, int, int]
     froze: bool
 
 
 def tune_gc(young_threshold: int = DEFAULT_YOUNG_THRESHOLD, freeze: bool = True) -> GcSettings:
-    """Freeze what is alive now (:func:`gc.freeze`; call it once start-up is done) and set the
-    young generation's threshold to ``young_threshold`` (the older generations' stay as they
-    are). ``young_threshold`` 0 changes nothing. Returns the previous settings. Raises
-    ValueError for a negative threshold."""
-    if young_threshold < 0:
-        raise ValueError(f"the young generation's threshold must be >= 0, got {young_threshold}")
+    """Collect start-up's garbage and freeze what is alive now (:func:`gc.freeze`; call it
+    once start-up is done) - unless something froze objects already - and set the young
+    generation's threshold to ``young_threshold`` (the older generations' stay as they are).
+    ``young_threshold`` 0 changes nothing. Returns the previous settings. Raises ValueError
+    for a threshold outside 0..MAX_YOUNG_THRESHOLD, before changing anything."""
+    if not 0 <= young_threshold <= MAX_YOUNG_THRESHOLD:
+        raise ValueError(
+            f"the young generation's threshold must be within 0..{MAX_YOUNG_THRESHOLD}, "
+            f"got {young_threshold}"
+        )
     previous = gc.get_threshold()
     if young_threshold == 0:
         return GcSettings(previous, froze=False)
-    if freeze:
-        gc.freeze()
     gc.set_threshold(young_threshold, previous[1], previous[2])
-    return GcSettings(previous, froze=freeze)
+    froze = freeze and gc.get_freeze_count() == 0
+    if froze:
+        gc.collect()
+        gc.freeze()
+    return GcSettings(previous, froze=froze)
 
 
 def restore_gc(settings: GcSettings) -> None:

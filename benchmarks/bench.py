@@ -62,7 +62,7 @@ from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.exporters.metrics import ConsumerMetrics
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, tune_gc
+from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, MAX_YOUNG_THRESHOLD, tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
@@ -510,8 +510,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--latency-queue", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.gc_young_threshold < 0:
-        parser.error("--gc-young-threshold must be at least 0")
+    if not 0 <= args.gc_young_threshold <= MAX_YOUNG_THRESHOLD:
+        parser.error(f"--gc-young-threshold must be within 0..{MAX_YOUNG_THRESHOLD}")
     if min(args.messages, args.repeat, args.windows, args.concurrency) < 1:
         parser.error("--messages, --repeat, --windows and --concurrency must be at least 1")
     if args.queue_type == "quorum" and args.queue_mode is not None:

@@ -49,7 +49,7 @@ import psycopg
 from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.connection import open_channel
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, tune_gc
+from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, MAX_YOUNG_THRESHOLD, tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import add
 from amqp_lab.outbox.observer import NoRelayObserver, RelayConfig
@@ -235,8 +235,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.gc_young_threshold < 0:
-        parser.error("--gc-young-threshold must be >= 0")
+    if not 0 <= args.gc_young_threshold <= MAX_YOUNG_THRESHOLD:
+        parser.error(f"--gc-young-threshold must be within 0..{MAX_YOUNG_THRESHOLD}")
     if min(args.messages, args.repeat, args.window, args.batch) < 1 or args.keys < 0:
         parser.error("--messages, --repeat, --window, --batch must be >= 1, --keys >= 0")
     if not args.rate > 0 or not args.seconds > 0:

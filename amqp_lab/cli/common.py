@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from amqp_lab.errors import AmqpLabError, ConfigurationError, error_text
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD
+from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, MAX_YOUNG_THRESHOLD
 from amqp_lab.observability.logs import JsonFormatter, TextFormatter, json_line
 from amqp_lab.oneline import one_line
 from amqp_lab.settings import BrokerSettings, mask_url
@@ -141,7 +141,7 @@ def add_gc_option(parser: argparse._ActionsContainer) -> None:
     command, with what is alive after start-up frozen (:mod:`amqp_lab.gc_policy`)."""
     parser.add_argument(
         "--gc-young-threshold",
-        type=_non_negative_int,
+        type=_young_threshold,
         default=DEFAULT_YOUNG_THRESHOLD,
         metavar="N",
         help=f"allocations between young garbage collections once started (default "
@@ -150,13 +150,13 @@ def add_gc_option(parser: argparse._ActionsContainer) -> None:
     )
 
 
-def _non_negative_int(text: str) -> int:
+def _young_threshold(text: str) -> int:
     try:
         value = int(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from e
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
+    if not 0 <= value <= MAX_YOUNG_THRESHOLD:
+        raise argparse.ArgumentTypeError(f"{value} is not within 0..{MAX_YOUNG_THRESHOLD}")
     return value
 
 

@@ -20,11 +20,7 @@ from lab.handler import task_message
 from tests.brokers import TestBroker
 from tests.support import get_all, lines_for, run_worker, wait_for
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.failure_model,
-    pytest.mark.no_plain_consumer,
-]
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model]
 WATERMARK = str(512 * 1024 * 1024)
 
 

@@ -5,13 +5,20 @@ alive at start-up frozen, the young threshold raised, both undone afterwards; an
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
 from amqp_lab.cli import relay
 from amqp_lab.cli.worker_options import worker_parser
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, restore_gc, tune_gc, tuned_gc
+from amqp_lab.gc_policy import (
+    DEFAULT_YOUNG_THRESHOLD,
+    MAX_YOUNG_THRESHOLD,
+    restore_gc,
+    tune_gc,
+    tuned_gc,
+)
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -50,9 +57,32 @@ def test_zero_changes_nothing() -> None:
     assert not settings.froze
 
 
-def test_a_negative_threshold_is_refused() -> None:
-    with pytest.raises(ValueError, match="must be >= 0, got -1"):
-        tune_gc(-1)
+@pytest.mark.parametrize("threshold", [-1, MAX_YOUNG_THRESHOLD + 1])
+def test_a_threshold_gc_cannot_take_is_refused_before_anything_changes(threshold: int) -> None:
+    before = gc.get_threshold()
+    with pytest.raises(ValueError, match=f"within 0..{MAX_YOUNG_THRESHOLD}, got {threshold}"):
+        tune_gc(threshold)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_start_ups_garbage_is_collected_not_frozen() -> None:
+    cycle = _Cycle()
+    dead = weakref.ref(cycle)
+    del cycle
+    settings = tune_gc(20_000)
+    assert dead() is None  # collected before the freeze: a frozen cycle would live for good
+    restore_gc(settings)
+
+
+def test_objects_someone_else_froze_stay_frozen() -> None:
+    """tune_gc freezes only when nothing is frozen: restore_gc's unfreeze would otherwise
+    release what the application froze itself."""
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    settings = tune_gc(20_000)
+    assert not settings.froze and gc.get_threshold()[0] == 20_000
+    restore_gc(settings)
+    assert gc.get_freeze_count() == frozen
 
 
 def test_cycles_are_still_collected_under_the_raised_threshold() -> None:
@@ -93,7 +123,7 @@ def test_the_worker_option_defaults_to_the_policy_and_refuses_a_negative(
         parser.parse_args(["--gc-young-threshold", "-5"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "--gc-young-threshold" in err and "-5 is negative" in err
+    assert "--gc-young-threshold" in err and f"-5 is not within 0..{MAX_YOUNG_THRESHOLD}" in err
 
 
 def test_the_relay_command_takes_the_option_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,11 +14,11 @@ import pytest
 pytestmark = pytest.mark.unit
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
-# what starts a plain consumer in a test: the library's class, the helpers that apply
-# AMQP_LAB_TEST_CONCURRENCY (tests/support.py), the worker script or command
+# what starts a plain consumer in a test: the library's class, the helpers of tests/support.py
+# that apply AMQP_LAB_TEST_CONCURRENCY or run the worker script, the worker command
 PLAIN_CONSUMER = re.compile(
-    r"\bConsumer\(|consumer_config\(|settled_order\(|TEST_CONCURRENCY|worker\.py|"
-    r"cli\.worker|amqp-lab-worker|\bworker\.main\("
+    r"\bConsumer\(|consumer_config\(|settled_order\(|TEST_CONCURRENCY|with_concurrency\(|"
+    r"run_worker\(|worker\.py|cli\.worker|amqp-lab-worker|\bworker\.main\("
 )
 
 
@@ -57,6 +57,15 @@ def test_a_module_marked_no_plain_consumer_starts_none(path: Path) -> None:
     assert not found, f"{path.name} is marked no_plain_consumer but uses {sorted(set(found))}"
 
 
-def test_the_pattern_finds_what_starts_a_plain_consumer() -> None:
-    source = (INTEGRATION / "test_failure_model.py").read_text(encoding="utf-8")
+@pytest.mark.parametrize(
+    "module",
+    [
+        "test_failure_model.py",  # consumer_config(...)
+        "test_memory_alarm.py",  # run_worker(...): the worker script, with --concurrency
+        "test_pipeline.py",
+    ],
+)
+def test_the_pattern_finds_what_starts_a_plain_consumer(module: str) -> None:
+    source = (INTEGRATION / module).read_text(encoding="utf-8")
     assert PLAIN_CONSUMER.search(source)
+    assert "no_plain_consumer" not in module_markers(INTEGRATION / module)

@@ -24,8 +24,11 @@ from amqp_lab.errors import (
 )
 from amqp_lab.fieldtable import encode_table
 from amqp_lab.message import OutgoingMessage
+from amqp_lab.outbox import flight as outbox_flight
 from amqp_lab.outbox import trace as outbox_trace
 from amqp_lab.outbox.chains import Candidate, ChainRun, cut, plan
+from amqp_lab.outbox.lease import Lease
+from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig
 from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, result_for
 from amqp_lab.outbox.row import (
     OutboxRow,
@@ -181,6 +184,37 @@ def test_the_relay_asks_whether_spans_record_once_per_hand_over_not_per_row(
     assert relayed.headers == {"a": 1, "traceparent": parent, "tracestate": "k=v"}
     same_message, span = outbox_trace.relay_message(_message(), None, None, spans_record=False)
     assert span is None and same_message == _message()
+
+
+def test_a_hand_over_of_many_rows_asks_about_spans_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flight._publish asks OpenTelemetry once for all the rows it hands to the publisher."""
+    asked: list[bool] = []
+
+    def recording() -> bool:
+        asked.append(True)
+        return False
+
+    class Publisher:
+        failure = None
+
+        def __init__(self) -> None:
+            self.handed: list[Any] = []
+
+        def publish_each(self, ready: list[Any]) -> None:
+            self.handed.extend(message for message, _ in ready)
+
+    monkeypatch.setattr(outbox_flight, "recording", recording)
+    flight = outbox_flight.Flight(RelayConfig(), NO_RELAY_OBSERVER, None, lambda: None)
+    publisher = Publisher()
+    flight.publisher = publisher  # type: ignore[assignment]
+    rows = {
+        i: _row(row_values(_message(message_id=f"m-{i}")), id=i, ordering_key=None)
+        for i in (1, 2, 3)
+    }
+    lease = Lease(rows=rows, chains=[[1], [2], [3]])
+    flight.start(lease)
+    assert asked == [True]
+    assert [m.message_id for m in publisher.handed] == ["m-1", "m-2", "m-3"]
 
 
 def test_due_at_is_an_aware_datetime_or_finite_epoch_seconds() -> None:
