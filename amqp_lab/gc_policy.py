@@ -9,12 +9,12 @@ collections then walk every object the process holds: the ~50,000 that the impor
 consume (docs/benchmarks.md, 2026-12-04): about 240 young, 21 middle and 1-2 full collections,
 100-130 ms of a 1.3 s run.
 
-:func:`tune_gc` does what CPython's documentation of :func:`gc.freeze` describes for a
-process that has finished starting: it moves what is alive into the permanent generation, which
-no collection walks, and raises the young threshold, so that a batch is mostly freed by
-reference counting before a young collection looks at it. Start-up's own garbage is collected
-first, so nothing dead is frozen. Cycles are still collected, only less often: at most
-``young_threshold`` container objects wait for the next young collection.
+:func:`tune_gc` moves what is alive once start-up is done into the permanent generation
+(:func:`gc.freeze`, which CPython documents for forking servers; here for its other effect: no
+collection walks a frozen object again), and raises the young threshold, so that a batch is
+mostly freed by reference counting before a young collection looks at it. Start-up's own
+garbage is collected first, so nothing dead is frozen. Cycles are still collected, only less
+often: at most ``young_threshold`` container objects wait for the next young collection.
 
 This is process-wide state: the library's consumers never call it themselves. The worker and
 relay commands do (``--gc-young-threshold``, 0 to leave CPython's settings alone), and
@@ -41,8 +41,9 @@ MAX_YOUNG_THRESHOLD = 2**31 - 1
 """The largest threshold :func:`gc.set_threshold` takes (a C int)."""
 DEFAULT_YOUNG_THRESHOLD = 10_000
 """Container allocations (less deallocations) between young collections for a worker:
-14 times CPython's 700. Chosen on the bench (docs/benchmarks.md): 10,000 gave the consumer
-about 10% more than 700, and a batch of 500 deliveries fits in it several times over."""
+14 times CPython's 700, so a batch of 500 deliveries fits in it several times over. Measured
+(docs/benchmarks.md, 2026-12-04): the consumer alone in one process, alternating with 700,
+about 10% more deliveries per second; in the whole bench the runs' noise hides most of it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,8 +145,8 @@ def add_gc_option(parser: argparse._ActionsContainer) -> None:
         default=DEFAULT_YOUNG_THRESHOLD,
         metavar="N",
         help=f"allocations between young garbage collections once started (default "
-        f"{DEFAULT_YOUNG_THRESHOLD}, about 10%% more deliveries per second than CPython's 700; "
-        "0: leave the collector as CPython sets it)",
+        f"{DEFAULT_YOUNG_THRESHOLD}, with what start-up left frozen; CPython's is 700; "
+        "0: leave the collector as CPython sets it; docs/consuming.md)",
     )
 
 
