@@ -54,7 +54,7 @@ import _cli  # noqa: F401
 import pika
 from prometheus_client import CollectorRegistry
 
-from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.common import EXIT_OK, add_gc_option, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.cli.progress import Progress
 from amqp_lab.connection import connect
@@ -62,7 +62,7 @@ from amqp_lab.consuming.consumer import Consumer, ConsumerConfig
 from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.exporters.metrics import ConsumerMetrics
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, MAX_YOUNG_THRESHOLD, tune_gc
+from amqp_lab.gc_policy import tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
@@ -490,14 +490,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compare", action="store_true", help="print the change against the last recorded run"
     )
-    parser.add_argument(
-        "--gc-young-threshold",
-        type=int,
-        default=DEFAULT_YOUNG_THRESHOLD,
-        metavar="N",
-        help="the garbage collector's young threshold for every path, as the worker sets it "
-        f"(default {DEFAULT_YOUNG_THRESHOLD}; 0: CPython's 700)",
-    )
+    add_gc_option(parser)  # the worker's and relay's option, parsed the same way
     parser.add_argument("--queue-type", choices=QUEUE_TYPES, default="classic")
     parser.add_argument(
         "--queue-mode",
@@ -510,8 +503,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-consumer", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--latency-queue", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not 0 <= args.gc_young_threshold <= MAX_YOUNG_THRESHOLD:
-        parser.error(f"--gc-young-threshold must be within 0..{MAX_YOUNG_THRESHOLD}")
     if min(args.messages, args.repeat, args.windows, args.concurrency) < 1:
         parser.error("--messages, --repeat, --windows and --concurrency must be at least 1")
     if args.queue_type == "quorum" and args.queue_mode is not None:

@@ -46,10 +46,10 @@ import _cli  # noqa: F401
 
 import psycopg
 
-from amqp_lab.cli.common import EXIT_OK, run, settings_from_env
+from amqp_lab.cli.common import EXIT_OK, add_gc_option, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.connection import open_channel
-from amqp_lab.gc_policy import DEFAULT_YOUNG_THRESHOLD, MAX_YOUNG_THRESHOLD, tune_gc
+from amqp_lab.gc_policy import tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import add
 from amqp_lab.outbox.observer import NoRelayObserver, RelayConfig
@@ -225,18 +225,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=500, help="rows per relay lease")
     parser.add_argument("--rate", type=float, default=200.0, help="latency: rows/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: duration")
-    parser.add_argument(
-        "--gc-young-threshold",
-        type=int,
-        default=DEFAULT_YOUNG_THRESHOLD,
-        metavar="N",
-        help="the garbage collector's young threshold for both paths, as the relay command "
-        f"sets it (default {DEFAULT_YOUNG_THRESHOLD}; 0: CPython's 700)",
-    )
+    add_gc_option(parser)  # the worker's and relay's option, parsed the same way
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not 0 <= args.gc_young_threshold <= MAX_YOUNG_THRESHOLD:
-        parser.error(f"--gc-young-threshold must be within 0..{MAX_YOUNG_THRESHOLD}")
     if min(args.messages, args.repeat, args.window, args.batch) < 1 or args.keys < 0:
         parser.error("--messages, --repeat, --window, --batch must be >= 1, --keys >= 0")
     if not args.rate > 0 or not args.seconds > 0:

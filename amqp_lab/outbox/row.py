@@ -189,12 +189,25 @@ def _holds(name: str, value: Any) -> bool:
     return name == "persistent" and isinstance(value, bool)
 
 
-@functools.lru_cache(maxsize=1024)
+_CACHED_PROPERTIES_CHARS = 2048
+"""A properties column longer than this is parsed each time, never cached: a hostile table
+(long texts, each different) cannot grow the cache past 1,024 x 2 KiB."""
+
+
 def _property_fields(text: str) -> tuple[tuple[str, Any], ...]:
-    """A row's ``properties`` column as (name, value) pairs. Cached: the rows of one
-    application carry few distinct property sets (the message_id and headers are columns of
-    their own), and the values are immutable (str, int, bool). Raises RowUndecodable (not
-    cached: a bad row is read again each time, and fails again)."""
+    """A row's ``properties`` column as (name, value) pairs (:func:`_parse_properties`),
+    from the cache when it is short."""
+    if len(text) > _CACHED_PROPERTIES_CHARS:
+        return _parse_properties.__wrapped__(text)
+    return _parse_properties(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_properties(text: str) -> tuple[tuple[str, Any], ...]:
+    """A ``properties`` column as (name, value) pairs. Cached: the rows of one application
+    carry few distinct property sets (the message_id and headers are columns of their own),
+    and the values are immutable (str, int, bool). Raises RowUndecodable (not cached: a bad
+    row is read again each time, and fails again)."""
     try:
         properties = decode_json(text)
     except (ValueError, RecursionError) as e:

@@ -4,6 +4,7 @@ publish outcome's verdict, and the status's alert lines."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +34,7 @@ from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, resu
 from amqp_lab.outbox.row import (
     OutboxRow,
     RowUndecodable,
-    _property_fields,
+    _parse_properties,
     due_seconds,
     message_of,
     ordering_key_of,
@@ -155,7 +156,7 @@ def test_a_hostile_rows_properties_are_refused_every_time_not_remembered() -> No
 def test_rows_sharing_their_properties_text_come_back_as_their_own_messages() -> None:
     """Rows with the same properties column share one parse (cached) and still come back with
     their own message_id, headers and body."""
-    _property_fields.cache_clear()
+    _parse_properties.cache_clear()
     first = _message(message_id="m-1", headers={"n": 1}, body=b"1", priority=3)
     second = _message(message_id="m-2", headers={"n": 2}, body=b"2", priority=3)
     backs = [message_of(_row(row_values(m))) for m in (first, second, first)]
@@ -164,7 +165,16 @@ def test_rows_sharing_their_properties_text_come_back_as_their_own_messages() ->
         ("m-2", {"n": 2}, b"2", 3),
         ("m-1", {"n": 1}, b"1", 3),
     ]
-    assert _property_fields.cache_info().hits == 2
+    assert _parse_properties.cache_info().hits == 2
+
+
+def test_a_long_properties_column_is_parsed_but_never_cached() -> None:
+    """A hostile table of long, distinct property texts cannot grow the cache."""
+    _parse_properties.cache_clear()
+    long_type = "application/" + "x" * 3000
+    row = _row(row_values(_message()), properties=json.dumps({"type": long_type}))
+    assert message_of(row).type == long_type
+    assert _parse_properties.cache_info().currsize == 0
 
 
 def test_the_relay_asks_whether_spans_record_once_per_hand_over_not_per_row(
