@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from amqp_lab.dedup import store_kind
 from amqp_lab.dedup.base import Dialect, HandlerDb
 from amqp_lab.errors import OutboxError, OutboxUnavailable
-from amqp_lab.outbox.sql import now_sql
+from amqp_lab.outbox.sql import LEASE_SCANS, now_sql
 from amqp_lab.outbox.write import _create
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -153,17 +153,21 @@ class OutboxDb:
                 self.close()
             raise error from e
 
-    def _now(self, db: HandlerDb, relaxed: bool = False) -> float:
+    def _now(self, db: HandlerDb, relaxed: bool = False, lease: bool = False) -> float:
         """The database's clock. ``relaxed`` (PostgreSQL): this transaction commits without
         waiting for its WAL flush (``synchronous_commit`` off, for this transaction only) -
         for the relay's leases and outcomes, where a commit lost in a server crash only
         makes rows go again (a duplicate, same message_id), never lost or reordered. An
-        operator's retry or discard, and every writer's add and cancel, stay durable."""
+        operator's retry or discard, and every writer's add and cancel, stay durable.
+        ``lease`` (PostgreSQL): the transaction leases rows, with the scans of
+        :data:`~amqp_lab.outbox.sql.LEASE_SCANS` turned off."""
         statement = now_sql(self.dialect)
         if statement is None:
             return self._clock()
         if relaxed:
             statement += ", set_config('synchronous_commit', 'off', true)"
+        if lease:
+            statement += LEASE_SCANS
         return float(db.execute(statement).fetchone()[0])
 
     def now(self) -> float:

@@ -26,6 +26,7 @@ from amqp_lab.dedup.base import Dialect
 
 __all__ = [
     "LEASED_COLUMNS",
+    "LEASE_SCANS",
     "after_sql",
     "followers_sql",
     "heads_sql",
@@ -42,6 +43,17 @@ LEASED_COLUMNS = (
     "id, message_id, ordering_key, exchange, routing_key, properties, headers, body, "
     "traceparent, tracestate, created_at, due_at, tries"
 )
+
+LEASE_SCANS = (
+    ", set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
+)
+"""Appended to :func:`now_sql` in a PostgreSQL lease's transaction (``true``: for that
+transaction only): the due rows are found by reading the ``(available_at, id)`` index in order,
+stopping at the batch. A backlog committed faster than autovacuum analyzes the table leaves
+the planner estimating a handful of rows; it then chose a bitmap scan of every pending row and
+a sort, so each lease read the whole backlog (measured, 20,000 pending rows: 33 ms a lease
+against 11; 100,000: 68 against 18), and catching up took time quadratic in the backlog.
+Every statement of a lease has an index to use (``unnest`` lists are function scans)."""
 
 
 def now_sql(dialect: Dialect) -> str | None:

@@ -59,7 +59,7 @@ class OutboxStore(OutboxAdmin):
         and keys in flight). An empty Lease when nothing is due."""
 
         def work(db: HandlerDb) -> Lease:
-            now = self._now(db, relaxed=True)
+            now = self._now(db, relaxed=True, lease=True)
             lease = Lease(db_now=now, local_now=time.time())
             if self.dialect == "postgresql":
                 return self._lease_postgres(
@@ -89,7 +89,7 @@ class OutboxStore(OutboxAdmin):
         (:meth:`amqp_lab.outbox.flight.Flight.start` defers them)."""
 
         def work(db: HandlerDb) -> Lease:
-            now = self._now(db, relaxed=True)
+            now = self._now(db, relaxed=True, lease=True)
             lease = Lease(db_now=now, local_now=time.time())
             keys = sorted(after)
             per_key = 1 + max(1, max_rows // max(1, len(keys)))
