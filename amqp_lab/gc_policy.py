@@ -80,7 +80,8 @@ def tune_gc(young_threshold: int = DEFAULT_YOUNG_THRESHOLD, freeze: bool = True)
 
 def restore_gc(settings: GcSettings) -> None:
     """Undo :func:`tune_gc`: the previous thresholds, and the frozen objects back in the oldest
-    generation (:func:`gc.unfreeze`) when it froze them."""
+    generation (:func:`gc.unfreeze`) when it froze them - with whatever else was frozen since
+    (Python keeps one permanent generation, not one per caller)."""
     gc.set_threshold(*settings.thresholds)
     if settings.froze:
         gc.unfreeze()

@@ -109,7 +109,7 @@ def record(path: Path, summary: dict[str, Any], note: str = "") -> dict[str, Any
 def print_comparison(summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
     """The change of each figure against the last recorded run with the same broker version
     and settings (else the last one, saying so)."""
-    alike = ("broker_version", "queue_type", "concurrency", "metrics")
+    alike = ("broker_version", "queue_type", "concurrency", "metrics", "gc_young_threshold")
     same = [run for run in history if all(run.get(k) == summary.get(k) for k in alike)]
     if not history:
         print("no recorded run to compare with")

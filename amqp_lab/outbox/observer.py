@@ -21,7 +21,8 @@ class RelayConfig:
     """A relay's settings (seconds unless said otherwise).
 
     * ``batch_rows`` / ``batch_bytes``: most rows and body + header bytes leased at once (a
-      row larger than ``batch_bytes`` still goes, alone);
+      row larger than ``batch_bytes`` still goes, alone); one lease reads at most twice
+      ``batch_bytes`` of bodies and headers from the database (or that one larger row);
     * ``batches``: leased batches in flight at once (publishing overlaps leasing);
     * ``window``: unconfirmed publishes at once (the PipelinedPublisher's window);
     * ``lease``: how long a lease lives on the database's clock unless renewed (a relay that

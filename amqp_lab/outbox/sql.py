@@ -33,16 +33,16 @@ __all__ = [
     "in_list",
     "lease_heads_sql",
     "lease_sql",
+    "leased_rows_sql",
     "not_in",
     "now_sql",
     "size_sql",
     "status_sql",
 ]
 
-LEASED_COLUMNS = (
-    "id, message_id, ordering_key, exchange, routing_key, properties, headers, body, "
-    "traceparent, tracestate, created_at, due_at, tries"
-)
+_BEFORE_WIDE = "id, message_id, ordering_key, exchange, routing_key, properties"
+_AFTER_WIDE = "traceparent, tracestate, created_at, due_at, tries"
+LEASED_COLUMNS = f"{_BEFORE_WIDE}, headers, body, {_AFTER_WIDE}"
 
 LEASE_SCANS = (
     ", set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
@@ -134,18 +134,34 @@ def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, t
     """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
     UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
     and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at (the rows
-    themselves: no second statement reads them; 2 of a 500-row lease's 20 ms). Parameters: ``(owner,
-    until, now, now, *exclude, *held, scan, now, limit, now)``: the lease re-checked on each
-    row's latest version (a lease committed by another relay since this statement's snapshot
-    is seen there, not in the subquery)."""
+    themselves: no second statement reads them; 2 of a 500-row lease's 20 ms), headers and
+    body NULL for a row of more than ``share`` bytes: the heads are cut to the byte budget
+    only afterwards, so a head's body comes back only when a batch of such rows keeps within
+    the budget (``share``: the budget over the row limit), and a larger head the batch keeps
+    is read by :func:`leased_rows_sql`. Parameters: ``(owner, until, now, now, *exclude,
+    *held, scan, now, limit, now, share, share)``: the lease re-checked on each row's latest
+    version (a lease committed by another relay since this statement's snapshot is seen
+    there, not in the subquery)."""
     heads, params = heads_sql("postgresql", exclude, held, columns="o.id")
+    size = size_sql("postgresql")
+    wide = f"CASE WHEN {size} <= ? THEN headers END, CASE WHEN {size} <= ? THEN body END"
     sql = (
         "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
         f" WHERE id IN ({heads}) AND sent_at IS NULL"
         " AND (lease_until IS NULL OR lease_until <= ?)"
-        f" RETURNING {LEASED_COLUMNS}, {size_sql('postgresql')}, available_at"
+        f" RETURNING {_BEFORE_WIDE}, {wide}, {_AFTER_WIDE}, {size}, available_at"
     )
     return sql, params
+
+
+def leased_rows_sql(ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
+    """PostgreSQL: :data:`LEASED_COLUMNS` of ``ids`` that ``?`` still leases. Parameters:
+    ``(*ids, owner)``."""
+    chosen, params = in_list("postgresql", "id", ids)
+    return (
+        f"SELECT {LEASED_COLUMNS} FROM amqp_lab_outbox WHERE {chosen} AND lease_owner = ?",
+        params,
+    )
 
 
 def after_sql(dialect: Dialect) -> str:

@@ -34,6 +34,7 @@ from amqp_lab.outbox.sql import (
     in_list,
     lease_heads_sql,
     lease_sql,
+    leased_rows_sql,
 )
 
 __all__ = ["Lease", "OutboxStore", "open_outbox"]  # Lease: amqp_lab.outbox.lease
@@ -158,13 +159,17 @@ class OutboxStore(OutboxAdmin):
         held: Sequence[str],
     ) -> Lease:
         """PostgreSQL's lease: the heads leased in one statement that returns their columns
-        (:func:`~amqp_lab.outbox.sql.lease_heads_sql`), then their keys' next rows when the
-        batch has room (leased the same way); heads beyond the byte budget are released
-        untried."""
+        (:func:`~amqp_lab.outbox.sql.lease_heads_sql`: a head's body only within the batch's
+        share of the byte budget), then their keys' next rows when the batch has room (by
+        :func:`~amqp_lab.outbox.sql.lease_sql`); heads beyond the byte budget are released
+        untried, larger ones kept are read whole."""
         now, until = lease.db_now, lease.db_now + lease_seconds
         sql, params = lease_heads_sql(exclude, held)
         scan = max_rows + max_rows // 2
-        rows = db.execute(sql, (owner, until, now, now, *params, scan, now, max_rows, now))
+        share = max(1, max_bytes // max(1, max_rows))
+        rows = db.execute(
+            sql, (owner, until, now, now, *params, scan, now, max_rows, now, share, share)
+        )
         # LEASED_COLUMNS, then size and available_at: oldest first
         leased = sorted(rows.fetchall(), key=lambda r: (number(r[14]), int(r[0])))
         heads = [Candidate(int(r[0]), r[2], int(number(r[13]))) for r in leased]
@@ -186,6 +191,11 @@ class OutboxStore(OutboxAdmin):
         if released:
             self._release(db, owner, released, untried=True)
         keep = [row_id for chain in lease.chains for row_id in chain]
+        kept_now = set(keep)
+        large = [h.id for h in heads if h.size > share and h.id in kept_now]
+        if large:  # kept heads whose headers and body the lease did not return
+            sql, params = leased_rows_sql(large)
+            columns.update((int(r[0]), r) for r in db.execute(sql, (*params, owner)).fetchall())
         lease.rows = {row_id: leased_row(columns[row_id]) for row_id in keep}
         return lease
 

@@ -385,3 +385,50 @@ def test_a_postgresql_lease_reads_the_oldest_rows_in_order_not_the_whole_backlog
     heads = plans[0]
     assert "Index Scan using amqp_lab_outbox_pending" in heads, heads
     assert "Bitmap" not in heads and "Seq Scan" not in heads, heads
+
+
+def test_a_postgresql_lease_reads_no_more_bodies_than_its_byte_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The heads' lease returns headers and body only for rows within the batch's average
+    share (``batch_bytes / batch_rows``); a larger head the batch keeps is read afterwards,
+    whole. Before, every head came back with its body, the byte budget applied only after:
+    a backlog of 1 MiB messages moved about 500 MiB into the relay per lease to keep 16."""
+    returned: list[bytes] = []
+    real_execute = HandlerDb.execute
+
+    class Seen:
+        def __init__(self, cursor: Any) -> None:
+            self.rows: list[Any] = cursor.fetchall()
+
+        def fetchall(self) -> list[Any]:
+            returned.extend(r[7] for r in self.rows if isinstance(r[7], bytes))
+            return self.rows
+
+    def counting(self: HandlerDb, sql: str, params: Any = None) -> Any:
+        cursor = real_execute(self, sql, params)
+        return (
+            Seen(cursor)
+            if "RETURNING" in sql or sql.startswith("SELECT id, message_id")
+            else cursor
+        )
+
+    big, small = b"B" * 100_000, b"s" * 100
+    with temp_database() as url:
+        OutboxStore(url).close()
+        db = psycopg.connect(url)
+        with transaction(db):
+            for n in range(20):
+                body = big if n % 2 == 0 else small
+                add(db, message_for(NAMES, body, message_id=f"m-{n}"), key=f"k-{n}", notify=False)
+        db.close()
+        monkeypatch.setattr(HandlerDb, "execute", counting)
+        store = OutboxStore(url)
+        try:
+            lease = store.lease("relay-1", 30.0, 20, 250_000)
+        finally:
+            store.close()
+    # oldest first within the budget: m-0 (100 kB), m-1, m-2 (100 kB), m-3; m-4 would pass it
+    assert [row.message_id for row in lease.rows.values()] == ["m-0", "m-1", "m-2", "m-3"]
+    assert [row.body for row in lease.rows.values()] == [big, small, big, small]
+    assert sum(len(body) for body in returned) <= 2 * 250_000, [len(b) for b in returned]
