@@ -23,6 +23,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
+from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
@@ -193,7 +194,7 @@ class PostgresDedupStore(SqlStore):
                         "INSERT INTO processed(message_id, processed_at) "
                         "SELECT id, ? FROM unnest(?::text[]) AS id ORDER BY id "
                         "ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
-                        (now, sorted({message_id for message_id, _ in batch})),
+                        (now, array_literal(sorted({message_id for message_id, _ in batch}))),
                     )
                 }
             except psycopg.Error as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect
 
 __all__ = [
@@ -74,14 +75,14 @@ def in_list(
     dialect: Dialect, column: str, ids: Sequence[Any], negate: bool = False
 ) -> tuple[str, tuple[Any, ...]]:
     """``column IN ids`` (or NOT IN) as SQL and its parameters: ``= ANY(?::bigint[])`` /
-    ``?::text[]`` on PostgreSQL, expanded placeholders on SQLite. An empty list is false (true
-    negated)."""
+    ``?::text[]`` on PostgreSQL (one text parameter: :func:`array_literal`), expanded
+    placeholders on SQLite. An empty list is false (true negated)."""
     if not ids:
         return ("1 = 1" if negate else "1 = 0"), ()
     if dialect == "postgresql":
         kind = "text" if isinstance(ids[0], str) else "bigint"
         sql = f"{column} = ANY(?::{kind}[])"
-        return (f"NOT ({sql})" if negate else sql), (list(ids),)
+        return (f"NOT ({sql})" if negate else sql), (array_literal(ids),)
     marks = ",".join("?" * len(ids))
     return f"{column} {'NOT IN' if negate else 'IN'} ({marks})", tuple(ids)
 
@@ -94,7 +95,7 @@ def not_in(dialect: Dialect, column: str, values: Sequence[Any]) -> tuple[str, t
         return "1 = 1", ()
     if dialect == "postgresql":
         kind = "text" if isinstance(values[0], str) else "bigint"
-        return f"NOT ({column} IN (SELECT unnest(?::{kind}[])))", (list(values),)
+        return f"NOT ({column} IN (SELECT unnest(?::{kind}[])))", (array_literal(values),)
     return in_list(dialect, column, values, negate=True)
 
 
@@ -166,7 +167,8 @@ def leased_rows_sql(ids: Sequence[int]) -> tuple[str, tuple[Any, ...]]:
 
 def after_sql(dialect: Dialect) -> str:
     """The first ``?`` pending rows of key ``?`` after id ``?`` (SQLite, per key), or of each
-    key after its id (PostgreSQL, parameters ``(keys, ids, per_key)``): (id, key, size,
+    key after its id (PostgreSQL, parameters ``(keys, ids, per_key)``, the lists as
+    :func:`array_literal` texts): (id, key, size,
     available_at, lease_until) in (key, id) order."""
     columns = f"id, ordering_key, {size_sql(dialect)} AS size, available_at, lease_until"
     if dialect == "postgresql":
@@ -195,7 +197,7 @@ def followers_sql(dialect: Dialect, keys: Sequence[str]) -> tuple[str, tuple[Any
             " FROM amqp_lab_outbox WHERE ordering_key = k.key AND sent_at IS NULL"
             " ORDER BY id LIMIT ?) f ORDER BY f.ordering_key, f.id"
         )
-        return sql, (list(keys),)
+        return sql, (array_literal(keys),)
     chosen, params = in_list(dialect, "ordering_key", keys)
     sql = (
         "SELECT id, ordering_key, size, available_at, lease_until FROM ("

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import HandlerDb
 from amqp_lab.outbox.admin import OutboxAdmin
 from amqp_lab.outbox.chains import Candidate, cut, plan
@@ -95,7 +96,8 @@ class OutboxStore(OutboxAdmin):
             keys = sorted(after)
             per_key = 1 + max(1, max_rows // max(1, len(keys)))
             if self.dialect == "postgresql":
-                params: tuple[Any, ...] = (keys, [after[k] for k in keys], per_key)
+                ids = [after[k] for k in keys]
+                params: tuple[Any, ...] = (array_literal(keys), array_literal(ids), per_key)
                 found = db.execute(after_sql(self.dialect), params).fetchall()
             else:
                 found = []

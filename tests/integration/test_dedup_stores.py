@@ -17,14 +17,19 @@ from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from amqp_lab.dedup import ManagedDedupStore, open_store
+from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.errors import DedupStoreError, TransientError
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from lab.handler import task_message
-from tests.pgsupport import temp_database
+from tests.pgsupport import ADMIN_URL, postgres_answers, temp_database
 from tests.support import (
     ROOT,
     consumer_count,
@@ -567,3 +572,16 @@ def test_the_stats_command_masks_the_password() -> None:
         "error: cannot open dedup store postgresql://u:***@127.0.0.1:1/x"
     )
     assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+@examples(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(st.characters(blacklist_characters="\x00")), max_size=8))
+def test_any_text_list_reaches_postgresql_as_itself(texts: list[str]) -> None:
+    """The dedup store's claim and the outbox relay send id and key lists as one text
+    parameter (amqp_lab.dedup.arrays.array_literal): every text comes back as itself -
+    quotes, backslashes, braces, commas, "NULL", the empty text - in order."""
+    if not postgres_answers(ADMIN_URL):
+        pytest.skip(f"no PostgreSQL answers at {ADMIN_URL}")
+    with closing(psycopg.connect(ADMIN_URL)) as db:
+        row = db.execute("SELECT %s::text[]", (array_literal(texts),)).fetchone()
+    assert row is not None and row[0] == texts
