@@ -74,7 +74,7 @@ class OutboxRelay:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._notified = threading.Event()
-        self.flight = Flight(config, observer, on_report, self._wake.set)
+        self.flight = Flight(config, observer, on_report, self._on_outcome)
         self._store: OutboxStore | None = None
         self._listener: NotifyListener | None = None
         self._lock: RelayLock | None = None
@@ -178,6 +178,13 @@ class OutboxRelay:
         if store.lock_path is not None:
             self._lock = RelayLock(store.lock_path)
 
+    def _on_outcome(self) -> None:
+        """On the publisher's thread, once per publish outcome: wake the loop unless it is
+        awake already (the loop clears the event before it takes the outcomes, so one queued
+        before a set event is seen; Event.set takes a lock and notifies every time)."""
+        if not self._wake.is_set():
+            self._wake.set()
+
     def _on_notify(self) -> None:
         """On the listener's thread: a transaction that added rows committed."""
         self._notified.set()
@@ -228,8 +235,8 @@ class OutboxRelay:
             lease = store.lease(
                 self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude, held
             )
-            tails = self.flight.tails()
-            if not lease.rows and tails:  # the next rows of the keys in flight, to follow them
+            tails = {} if lease.rows else self.flight.tails()
+            if tails:  # no heads: the next rows of the keys in flight, to follow them
                 lease = store.lease_after(
                     self.relay_id, cfg.lease, tails, cfg.batch_rows, cfg.batch_bytes
                 )

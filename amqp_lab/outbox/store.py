@@ -272,8 +272,12 @@ class OutboxStore(OutboxAdmin):
         after a short wait, unattempted ones released untried. Only rows ``owner`` still
         leases change: the call is idempotent."""
 
+        grouped: dict[Verdict, list[RowResult]] = {verdict: [] for verdict in Verdict}
+        for result in results:  # one pass: a batch is up to batch_rows results
+            grouped[result.verdict].append(result)
+
         def by(verdict: Verdict) -> list[RowResult]:
-            return [r for r in results if r.verdict is verdict]
+            return grouped[verdict]
 
         def work(db: HandlerDb) -> None:
             now = self._now(db, relaxed=True)
