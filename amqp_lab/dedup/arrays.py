@@ -21,7 +21,7 @@ def array_literal(values: Sequence[int] | Sequence[str]) -> str:
     are; every text element double-quoted with its backslashes and double quotes escaped, so
     that none reads as NULL and commas, braces, quotes and white space stay its own. An
     empty list is ``{}``. The element type follows the first element. Raises TypeError for
-    an element of another type (a bool is no int here); a text with NUL, which PostgreSQL
+    an element of another type (a bool is no int here; an int subclass is its int); a text with NUL, which PostgreSQL
     cannot store, is refused by psycopg when the parameter is sent (DataError), as it is for
     a list."""
     if not values:
@@ -38,6 +38,6 @@ def _quoted(value: object) -> str:
 
 
 def _int_text(value: object) -> str:
-    if type(value) is not int:
+    if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"an array of integers holds {type(value).__name__} {value!r:.40}")
-    return str(value)
+    return str(int(value))  # an IntEnum's str is its name

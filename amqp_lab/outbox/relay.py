@@ -179,7 +179,8 @@ class OutboxRelay:
             self._lock = RelayLock(store.lock_path)
 
     def _on_outcome(self) -> None:
-        """On the publisher's thread, once per publish outcome: wake the loop unless it is
+        """Once per publish outcome (on the publisher's thread; on the loop's own when a
+        hand-over fails at once): wake the loop unless it is
         awake already (the loop clears the event before it takes the outcomes, so one queued
         before a set event is seen; Event.set takes a lock and notifies every time)."""
         if not self._wake.is_set():

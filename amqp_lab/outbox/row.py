@@ -192,8 +192,8 @@ def _holds(name: str, value: Any) -> bool:
 _CACHED_PROPERTIES_CHARS = 2048
 """A properties column longer than this is parsed each time, never cached: a hostile table
 (long texts, each different) cannot grow the cache past 1,024 entries of at most 2,048
-characters each, and their parsed values (up to 4 bytes a character as text: a few MiB in
-all)."""
+characters each, and their parsed values (up to 4 bytes a character as text: up to about
+16 MiB in all)."""
 
 
 def _property_fields(text: str) -> tuple[tuple[str, Any], ...]:

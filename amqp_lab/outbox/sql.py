@@ -135,7 +135,8 @@ def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, t
     """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
     UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
     and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at (the rows
-    themselves: no second statement reads them; 2 of a 500-row lease's 20 ms), headers and
+    themselves: no second statement reads rows of the batch's share; 2 of a 500-row lease's
+    20 ms), headers and
     body NULL for a row of more than ``share`` bytes: the heads are cut to the byte budget
     only afterwards, so a head's body comes back only when a batch of such rows keeps within
     the budget (``share``: the budget over the row limit), and a larger head the batch keeps

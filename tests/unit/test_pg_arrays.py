@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from amqp_lab.dedup.arrays import array_literal
@@ -10,8 +12,13 @@ from amqp_lab.dedup.arrays import array_literal
 pytestmark = pytest.mark.unit
 
 
+class Seven(enum.IntEnum):
+    SEVEN = 7
+
+
 def test_ints_are_written_as_they_are() -> None:
     assert array_literal([3, -1, 2**62]) == "{3,-1,4611686018427387904}"
+    assert array_literal([Seven.SEVEN, 8]) == "{7,8}"  # an int subclass is its int
     assert array_literal([]) == "{}"
 
 
