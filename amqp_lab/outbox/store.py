@@ -272,16 +272,13 @@ class OutboxStore(OutboxAdmin):
         after a short wait, unattempted ones released untried. Only rows ``owner`` still
         leases change: the call is idempotent."""
 
-        grouped: dict[Verdict, list[RowResult]] = {verdict: [] for verdict in Verdict}
+        by: dict[Verdict, list[RowResult]] = {verdict: [] for verdict in Verdict}
         for result in results:  # one pass: a batch is up to batch_rows results
-            grouped[result.verdict].append(result)
-
-        def by(verdict: Verdict) -> list[RowResult]:
-            return grouped[verdict]
+            by[result.verdict].append(result)
 
         def work(db: HandlerDb) -> None:
             now = self._now(db, relaxed=True)
-            sent = [r.row_id for r in by(Verdict.SENT)]
+            sent = [r.row_id for r in by[Verdict.SENT]]
             if sent:
                 chosen, params = in_list(self.dialect, "id", sent)
                 if keep_sent:
@@ -296,7 +293,7 @@ class OutboxStore(OutboxAdmin):
                         f"DELETE FROM amqp_lab_outbox WHERE {chosen} AND lease_owner = ?",
                         (*params, owner),
                     )
-            refused = by(Verdict.REFUSED)
+            refused = by[Verdict.REFUSED]
             if refused:
                 db.executemany(
                     "UPDATE amqp_lab_outbox SET last_error = ?, refused_at = ?, available_at = ?,"
@@ -312,15 +309,15 @@ class OutboxStore(OutboxAdmin):
                         for r in refused
                     ],
                 )
-            for lost in by(Verdict.LOST)[:1]:
-                ids = [r.row_id for r in by(Verdict.LOST)]
+            for lost in by[Verdict.LOST][:1]:
+                ids = [r.row_id for r in by[Verdict.LOST]]
                 chosen, params = in_list(self.dialect, "id", ids)
                 db.execute(
                     "UPDATE amqp_lab_outbox SET lease_owner = NULL, lease_until = NULL,"
                     f" available_at = ? WHERE {chosen} AND lease_owner = ?",
                     (now + lost.wait, *params, owner),
                 )
-            untried = [r.row_id for r in by(Verdict.UNATTEMPTED)]
+            untried = [r.row_id for r in by[Verdict.UNATTEMPTED]]
             if untried:
                 self._release(db, owner, untried, untried=True)
 
