@@ -21,9 +21,9 @@ def array_literal(values: Sequence[int] | Sequence[str]) -> str:
     are; every text element double-quoted with its backslashes and double quotes escaped, so
     that none reads as NULL and commas, braces, quotes and white space stay its own. An
     empty list is ``{}``. The element type follows the first element. Raises TypeError for
-    an element of another type (a bool is no int here; an int subclass is its int); a text with NUL, which PostgreSQL
-    cannot store, is refused by psycopg when the parameter is sent (DataError), as it is for
-    a list."""
+    an element of another type (a bool is no int here; an int subclass is its int); a text
+    with NUL, which PostgreSQL cannot store, is refused by psycopg when the parameter is sent
+    (DataError), as it is for a list."""
     if not values:
         return "{}"
     if isinstance(values[0], str):
