@@ -12,7 +12,10 @@ PY=$(venv_python)
 BIN=$(dirname "$PY")
 lint=${AMQP_LAB_LINT:-yes}
 if [ "$lint" != "skip" ]; then
-  echo "== ruff"; "$BIN/ruff" check . && "$BIN/ruff" format --check .
+  # one command per line: under set -e a failure before && ends nothing (ruff's findings
+  # passed unnoticed when ruff format's check then passed)
+  echo "== ruff"; "$BIN/ruff" check .
+  "$BIN/ruff" format --check .
   echo "== mypy"; "$BIN/mypy"  # files: pyproject.toml [tool.mypy]
 fi
 [ "$lint" = "only" ] && exit 0
