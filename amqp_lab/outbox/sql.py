@@ -134,16 +134,14 @@ def heads_sql(
 def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
     """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
     UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
-    and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at (the rows
-    themselves: no second statement reads rows of the batch's share; 2 of a 500-row lease's
-    20 ms), headers and
-    body NULL for a row of more than ``share`` bytes: the heads are cut to the byte budget
-    only afterwards, so a head's body comes back only when a batch of such rows keeps within
-    the budget (``share``: the budget over the row limit), and a larger head the batch keeps
-    is read by :func:`leased_rows_sql`. Parameters: ``(owner, until, now, now, *exclude,
-    *held, scan, now, limit, now, share, share)``: the lease re-checked on each row's latest
-    version (a lease committed by another relay since this statement's snapshot is seen
-    there, not in the subquery)."""
+    and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at, so no second
+    statement reads the rows (2 of a 500-row lease's 20 ms). The batch is cut to its byte
+    budget only afterwards, so headers and body come back only for a row of at most
+    ``share`` bytes (the budget over the row limit: a batch of such rows keeps within it),
+    NULL for a larger one, which :func:`leased_rows_sql` reads if the batch keeps it.
+    Parameters: ``(owner, until, now, now, *exclude, *held, scan, now, limit, now, share,
+    share)``: the lease re-checked on each row's latest version (a lease committed by another
+    relay since this statement's snapshot is seen there, not in the subquery)."""
     heads, params = heads_sql("postgresql", exclude, held, columns="o.id")
     size = size_sql("postgresql")
     wide = f"CASE WHEN {size} <= ? THEN headers END, CASE WHEN {size} <= ? THEN body END"
