@@ -146,3 +146,39 @@ def test_the_runner_tells_the_watch_while_the_handler_runs_and_lets_it_finish(
     assert [x[1] for x in warnings] == ["slow"]
     clock.now += 100
     assert w.check() == 0  # the unit is done: nothing is left to watch
+
+
+def test_prepare_gives_the_handler_every_field_of_the_delivery_in_its_place() -> None:
+    """The Task is built by position (docs/benchmarks.md): every field must land where its name
+    says, the two strings (exchange, routing key) not swapped. The report is immutable."""
+    method = SimpleNamespace(
+        delivery_tag=7, redelivered=True, exchange="tasks", routing_key="t.created"
+    )
+    props = SimpleNamespace(
+        message_id="m-7",
+        headers={"attempts": 2, "k": "v"},
+        content_type="application/json; charset=utf-8",
+        header_error=None,
+    )
+    d = prepare(method, props, b'{"n": 7}', 0.0, 1 << 20)
+    assert d.error is None
+    assert d.task == Task(
+        message_id="m-7",
+        body={"n": 7},
+        headers={"attempts": 2, "k": "v"},
+        exchange="tasks",
+        routing_key="t.created",
+        redelivered=True,
+        attempt=3,
+        content_type="application/json; charset=utf-8",
+    )
+    assert d.task.headers is not d.headers  # the handler's own copy
+    report = d.report("processed", 3)
+    with pytest.raises(AttributeError):
+        report.outcome = "duplicate"  # type: ignore[misc]
+    assert (report.message_id, report.outcome, report.attempts, report.redelivered) == (
+        "m-7",
+        "processed",
+        3,
+        True,
+    )
