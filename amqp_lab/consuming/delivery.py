@@ -185,9 +185,9 @@ def prepare(
     max_body_bytes: int,
 ) -> Delivery:
     """Decode one delivery. Never raises: a delivery that cannot be decoded carries an
-    InvalidMessage saying why (no message_id or one that is not UTF-8, headers the codec
-    could not read, a bad ``attempts`` header, a body too large, a JSON body that does not
-    parse...)."""
+    InvalidMessage saying why (no message_id, one that is not UTF-8, one holding a NUL
+    character, which a PostgreSQL dedup store cannot claim; headers the codec could not read,
+    a bad ``attempts`` header, a body too large, a JSON body that does not parse...)."""
     message_id = getattr(properties, "message_id", None)
     headers = getattr(properties, "headers", None)
     d = Delivery(
@@ -221,6 +221,8 @@ def _decode(d: Delivery, message_id: Any, properties: Any, max_body_bytes: int) 
         if isinstance(message_id, bytes):
             raise InvalidMessage("message_id property is not UTF-8")
         raise InvalidMessage("missing message_id property")
+    if "\x00" in d.message_id:  # AMQP allows it; PostgreSQL text cannot hold it (no claim)
+        raise InvalidMessage("message_id contains a NUL character (U+0000)")
     content_type = getattr(properties, "content_type", None)
     if content_type is not None and not isinstance(content_type, str):
         raise InvalidMessage(f"content_type {content_type!r} is not UTF-8")

@@ -146,9 +146,15 @@ def row_values(
 ) -> RowValues:
     """The row for ``message``. Raises UnencodableMessage (naming the message_id and the
     field) for a message the broker would refuse or AMQP cannot carry - the checks of
-    ``sealed_properties`` - and ConfigurationError for a bad ``key`` or ``due_at``."""
+    ``sealed_properties`` - or a consumer would dead-letter unread (no message_id, or one
+    holding a NUL character), and ConfigurationError for a bad ``key`` or ``due_at``."""
     if not isinstance(message.message_id, str) or not message.message_id:
         raise UnencodableMessage("an outbox message needs a message_id", None)
+    if "\x00" in message.message_id:  # PostgreSQL text cannot hold it; no consumer takes it
+        raise UnencodableMessage(
+            f"message_id={message.message_id!r}: a NUL character (U+0000) in a message_id",
+            message.message_id,
+        )
     if not isinstance(message.body, bytes | bytearray):
         raise UnencodableMessage(
             f"message_id={message.message_id!r}: the body must be bytes (message_for encodes "

@@ -555,6 +555,26 @@ def test_two_worker_processes_share_the_store(topology: BrokerSettings, store_ur
     assert ready_count(topology, "q:tasks") == 0
 
 
+def test_a_message_id_holding_a_nul_is_dead_lettered_and_the_worker_goes_on(
+    topology: BrokerSettings, store_url: str
+) -> None:
+    """AMQP lets a message_id hold U+0000, PostgreSQL text cannot: its claim failed the whole
+    batch's transaction, the worker stopped on the store error, and the redelivery did the same
+    to every worker after it. Now the delivery is invalid (a business error: to the DLQ, with
+    its reason) before any claim, on either store, and its neighbours are processed."""
+    with Publisher(topology) as publisher:
+        for message_id in ("m-1", "m-\x00-2", "m-3"):
+            publisher.publish(task_message("ok", 1, message_id))
+    result = run_script(topology, "worker.py", "--idle-exit", "0.5", "--dedup-url", store_url)
+    assert result.returncode == 0, result.stderr
+    outcomes = {r["message_id"]: r["outcome"] for r in parse_lines(result.stdout)}
+    assert outcomes == {"m-1": "processed", "m-\\x00-2": "dead-lettered", "m-3": "processed"}
+    assert "message_id contains a NUL character" in result.stdout
+    assert (ready_count(topology, "q:tasks"), ready_count(topology, "q:tasks:dlq")) == (0, 1)
+    with closing(open_store(store_url)) as store:
+        assert (store.is_processed("m-1"), store.is_processed("m-3")) == (True, True)
+
+
 # --- errors --------------------------------------------------------------------------------------
 def test_an_unreachable_postgres_is_a_dedup_store_error_without_the_password() -> None:
     with pytest.raises(DedupStoreError) as caught:

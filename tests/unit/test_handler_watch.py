@@ -17,7 +17,7 @@ from amqp_lab.consuming.handler_watch import HandlerWatch
 from amqp_lab.consuming.handling import HandlerRunner
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.errors import ConfigurationError
+from amqp_lab.errors import ConfigurationError, InvalidMessage
 from amqp_lab.message import Task
 from amqp_lab.topology import load_topology
 
@@ -182,3 +182,28 @@ def test_prepare_gives_the_handler_every_field_of_the_delivery_in_its_place() ->
         3,
         True,
     )
+
+
+@pytest.mark.parametrize(
+    ("message_id", "reason"),
+    [
+        (None, "missing message_id property"),
+        ("", "missing message_id property"),
+        (b"m-\xff", "message_id property is not UTF-8"),
+        ("m-\x00", "message_id contains a NUL character (U+0000)"),
+        ("\x00", "message_id contains a NUL character (U+0000)"),
+    ],
+)
+def test_a_message_id_no_store_can_claim_makes_the_delivery_invalid(
+    message_id: Any, reason: str
+) -> None:
+    """No task, so no claim: a NUL failed a PostgreSQL store's whole batch and stopped the
+    worker on every redelivery."""
+    method = SimpleNamespace(delivery_tag=1, redelivered=True, exchange="", routing_key="q")
+    props = SimpleNamespace(
+        message_id=message_id, headers={}, content_type="application/json", header_error=None
+    )
+    d = prepare(method, props, b"{}", 0.0, 1 << 20)
+    assert d.task is None
+    assert isinstance(d.error, InvalidMessage)
+    assert str(d.error) == reason

@@ -111,6 +111,7 @@ def test_a_message_comes_back_from_its_row_with_every_header_type_and_byte(
         ({"headers": {"big": "x" * 140_000}}, "more than one frame"),
         ({"routing_key": "k" * 256}, "longer than 255 bytes"),
         ({"message_id": ""}, "needs a message_id"),
+        ({"message_id": "m-\x00"}, "NUL character"),
     ],
 )
 def test_what_no_broker_would_take_is_refused_before_a_row_is_written(
