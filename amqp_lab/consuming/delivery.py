@@ -116,6 +116,14 @@ class Delivery:
     def delivery_tag(self) -> int:
         return int(self.method.delivery_tag)
 
+    @property
+    def store_key(self) -> str | None:
+        """The message_id a dedup store may key this delivery by: None without one, and for
+        one holding a NUL character, which PostgreSQL text cannot hold (:func:`prepare` made
+        that delivery invalid; the report still shows its message_id)."""
+        key = self.message_id
+        return None if key is None or "\x00" in key else key
+
     def report(
         self,
         outcome: str,

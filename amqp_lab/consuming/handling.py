@@ -144,8 +144,8 @@ class HandlerRunner:
         if fresh:
             self._run(fresh)
         for d in batch:
-            if d.error is not None and d.message_id is not None:
-                self._note_failure(d, d.message_id)
+            if d.error is not None and d.store_key is not None:
+                self._note_failure(d, d.store_key)
 
     def _note_failure(self, d: Delivery, message_id: str) -> None:
         """Commit what the store keeps of a failure before it is settled: ``first_seen`` and,

@@ -207,3 +207,32 @@ def test_a_message_id_no_store_can_claim_makes_the_delivery_invalid(
     assert d.task is None
     assert isinstance(d.error, InvalidMessage)
     assert str(d.error) == reason
+
+
+def test_a_message_id_holding_a_nul_never_reaches_the_store(tmp_path: Path) -> None:
+    """Its failure is not noted (a PostgreSQL store failed on it, and the worker stopped),
+    while a neighbour's is: two deliveries whose bodies are not JSON, one with a NUL."""
+    method = SimpleNamespace(delivery_tag=1, redelivered=False, exchange="", routing_key="q")
+    props = [
+        SimpleNamespace(message_id=m, headers={}, content_type=None, header_error=None)
+        for m in ("m-1", "m-\x00")
+    ]
+    good, bad = (prepare(method, p, b"{not json", 0.0, 1 << 20) for p in props)
+    assert (good.store_key, bad.store_key) == ("m-1", None)
+    assert isinstance(good.error, InvalidMessage) and isinstance(bad.error, InvalidMessage)
+    noted: list[str] = []
+
+    class Store(SqliteDedupStore):
+        def note_failure(self, message_id: str, now: float, failures: int | None) -> float:
+            noted.append(message_id)
+            return super().note_failure(message_id, now, failures)
+
+        def first_seen(self, message_id: str, now: float) -> float:
+            noted.append(message_id)
+            return super().first_seen(message_id, now)
+
+    with closing(Store(tmp_path / "d.sqlite3")) as store:
+        config = ConsumerConfig(NAMES)
+        HandlerRunner(lambda task, db: None, store, config, StoreRetry(30.0)).process([good, bad])
+    assert noted == ["m-1"]
+    assert bad.message_id == "m-\x00"  # the report still names it
