@@ -340,11 +340,11 @@ def message_for(
 
 @dataclass(slots=True)
 class Task:
-    """A delivery, handed to the handler: ``body`` is the decoded JSON value for a JSON content
-    type (or none), else the raw bytes; ``headers`` the publisher's (a copy); ``attempt`` 1 on
-    the first delivery (``consuming.settlement.attempt_number``). The body's schema is the
-    handler's to check (BusinessError for a body it cannot use). The handler's own copy, not
-    frozen (five times the cost to build, per delivery: docs/benchmarks.md); never read back."""
+    """A delivery, handed to the handler: ``body`` the decoded JSON value for a JSON content
+    type (or none), else the bytes; ``headers`` a copy of the publisher's; ``attempt`` 1 on the
+    first delivery. The body's schema is the handler's to check (BusinessError if unusable).
+    Not frozen (4x the cost to build, per delivery: docs/benchmarks.md). Nothing reads it back,
+    but the ordered consumer's in-worker retry hands the next try a copy of it, as changed."""
 
     message_id: str
     body: Any

@@ -5,10 +5,17 @@ messages go to the DLQ behind it (KeyParked) until that message - the *blocker* 
 by a replay (``replay.py --key KEY``), which releases the key. The table lives in the worker's
 own dedup store (SQLite or PostgreSQL), so a worker that dies, or a standby that takes the
 shard over (single active consumer), finds the key still parked.
+
+A key and a blocker's message_id are whatever a publisher sent, and AMQP lets them hold a NUL
+character, which PostgreSQL text cannot: a lookup of such a key failed on every delivery and
+stopped the worker. Each is stored as itself, except text holding a NUL or starting with
+:data:`ENCODED`, which is stored as that mark and its JSON string (``\\u0000`` for the NUL):
+one stored form per text, readable back, the same on SQLite.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +24,8 @@ from amqp_lab.errors import ConfigurationError
 __all__ = ["ParkedKey", "ParkedKeys"]
 
 TABLE = "amqp_lab_parked_keys"
+ENCODED = "\ufffe"
+"""The mark of a stored text in its JSON form (U+FFFE, a noncharacter: no real key has it)."""
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (scope TEXT NOT NULL, key TEXT NOT NULL, "
     "message_id TEXT NOT NULL, parked_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (scope, key))"
@@ -32,6 +41,26 @@ class ParkedKey:
     key: str
     message_id: str
     parked_at: float
+
+
+def stored(text: str) -> str:
+    """``text`` as the table holds it (module docstring): itself, or :data:`ENCODED` and its
+    JSON string when it holds a NUL character or starts with the mark."""
+    if "\x00" in text or text.startswith(ENCODED):
+        return ENCODED + json.dumps(text)
+    return text
+
+
+def read_back(value: str) -> str:
+    """The text :func:`stored` stored as ``value`` (a value that starts with the mark but is
+    no JSON string - stored as itself by an earlier version - is that value)."""
+    if value.startswith(ENCODED):
+        try:
+            text = json.loads(value[len(ENCODED) :])
+        except ValueError:
+            return value
+        return text if isinstance(text, str) else value
+    return value
 
 
 class ParkedKeys:
@@ -66,24 +95,21 @@ class ParkedKeys:
         """The message_id ``key`` is parked behind, or None when it is not parked."""
         rows = self._run(
             f"SELECT message_id FROM {TABLE} WHERE scope = ? AND key = ?",
-            (
-                self.scope,
-                key,
-            ),
+            (self.scope, stored(key)),
         )
-        return str(rows[0][0]) if rows else None
+        return read_back(str(rows[0][0])) if rows else None
 
     def park(self, key: str, message_id: str, now: float) -> None:
         """Park ``key`` behind ``message_id`` (a key parked already keeps its first blocker)."""
         if self.blocker(key) is None:
             self._run(
                 f"INSERT INTO {TABLE} (scope, key, message_id, parked_at) VALUES (?, ?, ?, ?)",
-                (self.scope, key, message_id, now),
+                (self.scope, stored(key), stored(message_id), now),
             )
 
     def release(self, key: str) -> None:
         """The key runs again (its blocker came back)."""
-        self._run(f"DELETE FROM {TABLE} WHERE scope = ? AND key = ?", (self.scope, key))
+        self._run(f"DELETE FROM {TABLE} WHERE scope = ? AND key = ?", (self.scope, stored(key)))
 
     def all(self) -> list[ParkedKey]:
         """Every parked key of the scope, oldest first."""
@@ -92,4 +118,6 @@ class ParkedKeys:
             "ORDER BY parked_at",
             (self.scope,),
         )
-        return [ParkedKey(str(s), str(k), str(m), float(t)) for s, k, m, t in rows]
+        return [
+            ParkedKey(str(s), read_back(str(k)), read_back(str(m)), float(t)) for s, k, m, t in rows
+        ]

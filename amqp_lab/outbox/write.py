@@ -190,6 +190,8 @@ def cancel(
     statement and this one wait for each other's row lock, so exactly one of them wins.
     Raises OutboxError / OutboxUnavailable, TypeError as :func:`add`."""
     db = handler_db(connection)
+    if db.dialect == "postgresql" and "\x00" in message_id:
+        return CancelResult.NOT_FOUND  # no PostgreSQL row holds a NUL (add refuses it too)
     now_sql = _NOW_POSTGRES if db.dialect == "postgresql" else "?"
     now_params: tuple[Any, ...] = () if db.dialect == "postgresql" else (clock(),)
 

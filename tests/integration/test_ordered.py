@@ -5,6 +5,7 @@ parked keys."""
 from __future__ import annotations
 
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,14 @@ from amqp_lab.dlq.summary import Selection
 from amqp_lab.errors import BusinessError, TransientError
 from amqp_lab.management import ManagementClient
 from amqp_lab.message import Task, message_for
-from amqp_lab.ordering import OrderedConfig, OrderedConsumer
+from amqp_lab.ordering import OrderedConfig, OrderedConsumer, ParkedKeys
+from amqp_lab.ordering.config import parked_scope
 from amqp_lab.publishing import Publisher
 from amqp_lab.retry.policy import RetryPolicy
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology, verify_topology
 from amqp_lab.topology.ordered import with_ordered
+from tests.pgsupport import temp_database
 from tests.support import consumer_count, ready_count, run_script, run_worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.foundation, pytest.mark.timeout(120)]
@@ -73,7 +76,7 @@ def effects(path: Path) -> list[tuple[str, str, int]]:
 
 
 def run_consumer(
-    settings: BrokerSettings, handler: Recorder, db: Path, **options: Any
+    settings: BrokerSettings, handler: Recorder, db: Path | str, **options: Any
 ) -> OrderedConsumer:
     names = with_ordered(load_topology(), shards=4).names
     store = open_store(str(db))
@@ -161,6 +164,30 @@ def test_park_sends_the_key_to_the_dlq_until_a_replay_releases_it(
     assert browse(ordered, "q:tasks:dlq") == []
     listed = run_script(ordered, "keys.py", "parked", "--dedup-path", str(db))
     assert "0 parked key(s)" in listed.stdout
+
+
+def test_a_nul_in_a_blocker_or_a_key_parks_and_runs_on_postgresql(ordered: BrokerSettings) -> None:
+    """AMQP lets a message_id and a routing key hold a NUL character; PostgreSQL text cannot.
+    Parking key a behind a-\\x00, and looking up whether key c\\x00 is parked, failed and
+    stopped the worker (and every standby after it, on the redelivery). Now a-\\x00 is an
+    invalid delivery, dead-lettered with a parked behind it, and c\\x00 runs."""
+    names = with_ordered(load_topology(), shards=4).names
+    with Publisher(ordered) as publisher:
+        for message_id, key in (("a-\x00", "a"), ("a-2", "a"), ("b-1", "b"), ("c-1", "c\x00")):
+            body = {"key": key[0], "seq": 1}
+            publisher.publish(message_for(names, body, message_id=message_id, key=key))
+    handler = Recorder()
+    with temp_database() as url:
+        run_consumer(ordered, handler, url, after_dead_letter="park")
+        with closing(open_store(url)) as store:
+            parked = ParkedKeys(store, parked_scope(ordered.vhost, names)).all()
+    assert sorted(handler.calls) == ["b-1", "c-1"]
+    records = browse(ordered, "q:tasks:dlq")
+    assert sorted((e.message_id, e.error_type) for e in records) == [
+        ("a-\x00", "InvalidMessage"),
+        ("a-2", "KeyParked"),
+    ]
+    assert [(p.key, p.message_id) for p in parked] == [("a", "a-\x00")]
 
 
 def test_a_standby_takes_a_shard_over_in_order(ordered: BrokerSettings, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from amqp_lab.connection import open_channel
 from amqp_lab.dedup.handler_db import HandlerDb
+from amqp_lab.errors import UnencodableMessage
 from amqp_lab.fieldtable import TaggedInt
 from amqp_lab.message import message_for
 from amqp_lab.outbox import CancelResult, add, cancel
@@ -116,6 +117,20 @@ def test_a_message_is_published_if_and_only_if_its_transaction_committed(
     assert (properties.delivery_mode, properties.content_type) == (2, "application/json")
     assert got["o-1-second"][0].priority == 3
     assert OutboxStore(outbox).status().pending == 0  # sent rows are deleted
+    db.close()
+
+
+def test_a_message_id_holding_a_nul_is_refused_by_add_and_not_found_by_cancel(outbox: str) -> None:
+    """PostgreSQL text cannot hold a NUL: add refuses it before any statement, on either
+    database, so the caller's transaction goes on; cancel finds no such row."""
+    db = connect(outbox)
+    with transaction(db):
+        with pytest.raises(UnencodableMessage, match="NUL character"):
+            add(db, message_for(NAMES, {"n": 1}, message_id="m-\x00"))
+        assert add(db, message_for(NAMES, {"n": 2}, message_id="m-2")) is True
+    with transaction(db):
+        assert cancel(db, "m-\x00") is CancelResult.NOT_FOUND
+        assert cancel(db, "m-2") is CancelResult.CANCELLED
     db.close()
 
 

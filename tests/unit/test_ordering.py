@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from amqp_lab.errors import ConfigurationError, TopologyError
 from amqp_lab.message import KEY_HEADER, message_for
 from amqp_lab.ordering import KeyLines, OrderedConfig
+from amqp_lab.ordering.parking import ENCODED, read_back, stored
 from amqp_lab.topology import load_topology, with_queue_type
 from amqp_lab.topology.ordered import HASH_EXCHANGE_TYPE, is_ordered, with_ordered
 
@@ -121,3 +122,26 @@ def test_every_key_settles_in_arrival_order(events: list[tuple[str, bool]]) -> N
     for key in "abcd":
         mine = [n for k, n in settled if k == key]
         assert mine == sorted(mine) == [n for n, (k, _) in enumerate(events) if k == key]
+
+
+texts = st.text(st.characters(blacklist_categories=["Cs"]))  # what PostgreSQL text can be given
+
+
+@given(a=texts, b=texts)
+def test_a_parked_key_is_stored_without_nul_one_form_per_text_and_read_back(a: str, b: str) -> None:
+    assert "\x00" not in stored(a)
+    assert read_back(stored(a)) == a
+    assert (stored(a) == stored(b)) == (a == b)
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [("a", True), ("key-1", True), ("", True), ("a\x00b", False), (ENCODED + "x", False)],
+)
+def test_only_a_text_with_a_nul_or_the_mark_is_stored_in_its_json_form(
+    text: str, kept: bool
+) -> None:
+    """Keys parked by an earlier version (stored as themselves) are still found."""
+    assert (stored(text) == text) is kept
+    assert read_back(stored(text)) == text
+    assert read_back(ENCODED + "not json") == ENCODED + "not json"
