@@ -91,11 +91,18 @@ class ParkedKeys:
         self._ready = True
         return rows
 
+    def _forms(self, key: str) -> tuple[str, str]:
+        """The forms ``key`` may be stored in: :func:`stored`'s, and the key itself, as a
+        version before that form stored it (not one holding a NUL on PostgreSQL: never
+        stored, and no statement may send it)."""
+        raw_ok = "\x00" not in key or getattr(self.store, "dialect", None) == "sqlite"
+        return (stored(key), key if raw_ok else stored(key))
+
     def blocker(self, key: str) -> str | None:
         """The message_id ``key`` is parked behind, or None when it is not parked."""
         rows = self._run(
-            f"SELECT message_id FROM {TABLE} WHERE scope = ? AND key = ?",
-            (self.scope, stored(key)),
+            f"SELECT message_id FROM {TABLE} WHERE scope = ? AND key IN (?, ?)",
+            (self.scope, *self._forms(key)),
         )
         return read_back(str(rows[0][0])) if rows else None
 
@@ -109,7 +116,10 @@ class ParkedKeys:
 
     def release(self, key: str) -> None:
         """The key runs again (its blocker came back)."""
-        self._run(f"DELETE FROM {TABLE} WHERE scope = ? AND key = ?", (self.scope, stored(key)))
+        self._run(
+            f"DELETE FROM {TABLE} WHERE scope = ? AND key IN (?, ?)",
+            (self.scope, *self._forms(key)),
+        )
 
     def all(self) -> list[ParkedKey]:
         """Every parked key of the scope, oldest first."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from amqp_lab.dedup import SqliteDedupStore
 from amqp_lab.errors import ConfigurationError, TopologyError
 from amqp_lab.message import KEY_HEADER, message_for
 from amqp_lab.ordering import KeyLines, OrderedConfig
-from amqp_lab.ordering.parking import ENCODED, read_back, stored
+from amqp_lab.ordering.parking import ENCODED, TABLE, ParkedKeys, read_back, stored
 from amqp_lab.topology import load_topology, with_queue_type
 from amqp_lab.topology.ordered import HASH_EXCHANGE_TYPE, is_ordered, with_ordered
 
@@ -145,3 +149,29 @@ def test_only_a_text_with_a_nul_or_the_mark_is_stored_in_its_json_form(
     assert (stored(text) == text) is kept
     assert read_back(stored(text)) == text
     assert read_back(ENCODED + "not json") == ENCODED + "not json"
+
+
+def test_keys_holding_a_nul_park_and_release_whichever_form_they_were_stored_in(
+    tmp_path: Path,
+) -> None:
+    """A key parked by an earlier version, as itself (SQLite holds a NUL), is still found,
+    kept and released; one parked now round-trips through its JSON form."""
+    with closing(SqliteDedupStore(tmp_path / "d.sqlite3")) as store:
+        parked = ParkedKeys(store, "scope")
+        assert parked.all() == []  # the table made
+        store.run_in_transaction(
+            lambda db: db.execute(
+                f"INSERT INTO {TABLE} (scope, key, message_id, parked_at) VALUES (?, ?, ?, ?)",
+                ("scope", "old\x00key", "m-\x00", 1.0),
+            )
+        )
+        parked.park("new\x00key", "n-\x00", 2.0)
+        parked.park("old\x00key", "later", 3.0)  # parked already: keeps its first blocker
+        assert [(p.key, p.message_id) for p in parked.all()] == [
+            ("old\x00key", "m-\x00"),
+            ("new\x00key", "n-\x00"),
+        ]
+        assert (parked.blocker("old\x00key"), parked.blocker("new\x00key")) == ("m-\x00", "n-\x00")
+        parked.release("old\x00key")
+        parked.release("new\x00key")
+        assert parked.all() == []
