@@ -229,7 +229,7 @@ def _decode(d: Delivery, message_id: Any, properties: Any, max_body_bytes: int) 
         if isinstance(message_id, bytes):
             raise InvalidMessage("message_id property is not UTF-8")
         raise InvalidMessage("missing message_id property")
-    if "\x00" in d.message_id:  # AMQP allows it; PostgreSQL text cannot hold it (no claim)
+    if d.store_key is None:  # a NUL: AMQP allows it; PostgreSQL text cannot hold it (no claim)
         raise InvalidMessage("message_id contains a NUL character (U+0000)")
     content_type = getattr(properties, "content_type", None)
     if content_type is not None and not isinstance(content_type, str):
