@@ -116,3 +116,31 @@ def test_quorum_bench_refuses_a_queue_mode_before_touching_the_broker(
     assert result.returncode == 2
     assert "a quorum queue refuses x-queue-mode" in result.stderr
     assert bench_queues(vhost) == []
+
+
+@pytest.mark.timeout(240)
+def test_walltime_splits_each_path_and_counts_our_units(vhost: BrokerSettings) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "benchmarks" / "walltime.py")),
+            *("--messages", "600", "--repeat", "2", "--batch", "200", "--json"),
+        ],
+        env=script_env(vhost),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    summary = summary_of(result)
+    for path in ("raw_auto_ack", "pika_manual_ack", "our_consumer"):
+        wall, cpu = summary[f"{path}_wall"], summary[f"{path}_cpu"]
+        assert wall > 0 and cpu > 0, path
+        low, high = summary[f"{path}_wall_range"]
+        assert low <= wall <= high, path
+        # the CPU of the consuming thread is part of the process's
+        assert summary[f"{path}_io_thread"] <= cpu + 0.01, path
+    # the pika paths consume in this thread only; ours settles here and commits elsewhere
+    assert summary["raw_auto_ack_other_threads"] < summary["our_consumer_other_threads"]
+    # 600 deliveries in units of at most 200 (units of one are not batch transactions)
+    assert 3 <= summary["our_consumer_units"] <= 600
+    assert 1 < summary["our_consumer_mean_unit"] <= 200
+    assert bench_queues(vhost) == []

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Where a consumer's wall time goes: on a CPU (which thread) or off it, per delivery.
+
+Three ways to consume the same messages, alternating on the broker of ``EAI_AMQP_URL``, each
+on a freshly declared queue holding ``--messages`` persistent 256-byte messages (bench.py's
+queue and messages), timed from connect to close:
+
+* ``raw_auto_ack``: pika's consume generator with auto-ack (bench.py's denominator);
+* ``pika_manual_ack``: the same generator with manual acks - prefetch 3 x ``--batch`` and one
+  basic.ack(multiple=True) per ``--batch`` deliveries, nothing else: the floor under any
+  consumer that acks after its work;
+* ``our_consumer``: bench.py's consumer (SQLite dedup store, batches of ``--batch``).
+
+For each, in microseconds per delivery: ``wall``; ``cpu``, the process's CPU time (every
+thread); ``io_thread``, the CPU time of the thread that reads the socket and settles (this
+one: the consumers run in it); ``other_threads``, the rest of ``cpu`` (our consumer's
+handler thread); and ``wall_minus_cpu``, the time no thread of the process was on a CPU,
+when its threads take turns (the GIL lets one run Python at a time): waiting for the
+broker, for a disk flush, or for a CPU the broker's own threads hold on a small machine.
+For our consumer also the units it ran (one store transaction and one basic.ack each; a
+unit of one delivery has no batch transaction and is not counted) and their mean size.
+Each figure is the median of ``--repeat`` runs, with its range.
+
+    python benchmarks/walltime.py [--messages 20000] [--repeat 5] [--batch 500] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# isort: split
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import _cli  # noqa: F401
+
+# isort: split
+
+from amqp_lab.cli.common import EXIT_OK, add_gc_option, run, settings_from_env
+from amqp_lab.cli.parser import CommandParser
+from amqp_lab.connection import connect
+from amqp_lab.consuming.consumer import Consumer
+from amqp_lab.dedup import SqliteDedupStore
+from amqp_lab.gc_policy import tune_gc
+from amqp_lab.settings import BrokerSettings
+from benchmarks.bench import (
+    BenchQueues,
+    consumer_config,
+    noop,
+    our_publish,
+    queue_arguments,
+    wait_for_depth,
+    work_queue_mode,
+)
+
+PATHS = ("raw_auto_ack", "pika_manual_ack", "our_consumer")
+FIGURES = ("wall", "cpu", "io_thread", "other_threads", "wall_minus_cpu")
+
+
+class CountingStore(SqliteDedupStore):
+    """The SQLite dedup store, counting the units it committed (``process_batch``: one
+    transaction each) and their deliveries - per unit, so nothing per delivery is added (an
+    observer would be guarded, a wrapper per delivery)."""
+
+    units = 0
+    deliveries = 0
+
+    def process_batch(
+        self, batch: list[tuple[str, Callable[[Any], None]]]
+    ) -> list[bool | BaseException]:
+        self.units += 1
+        self.deliveries += len(batch)
+        return super().process_batch(batch)
+
+
+def raw_auto_ack(settings: BrokerSettings, queue: str, n: int, batch: int) -> int:
+    """pika's consume generator with auto-ack: the messages received."""
+    connection = connect(settings)
+    channel = connection.channel()
+    count = 0
+    for method, _, _ in channel.consume(queue, auto_ack=True, inactivity_timeout=5):
+        if method is None:
+            break
+        count += 1
+        if count == n:
+            break
+    channel.cancel()
+    connection.close()
+    return count
+
+
+def pika_manual_ack(settings: BrokerSettings, queue: str, n: int, batch: int) -> int:
+    """pika's consume generator with basic.qos 3 x ``batch`` and one basic.ack multiple per
+    ``batch`` deliveries (and one for the rest): the messages received."""
+    connection = connect(settings)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=3 * batch)
+    count, last = 0, 0
+    for method, _, _ in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        count += 1
+        last = method.delivery_tag
+        if count % batch == 0:
+            channel.basic_ack(last, multiple=True)
+        if count == n:
+            break
+    if count % batch:
+        channel.basic_ack(last, multiple=True)
+    channel.cancel()
+    connection.close()
+    return count
+
+
+def timed(consume: Callable[[], int], n: int) -> dict[str, float]:
+    """Run ``consume`` (in this thread) and return its figures in µs per delivery; raises
+    SystemExit if it did not see ``n`` messages."""
+    wall0, cpu0, io0 = time.perf_counter(), time.process_time(), time.thread_time()
+    seen = consume()
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    io = time.thread_time() - io0
+    if seen != n:
+        raise SystemExit(f"saw {seen} of {n} messages")
+    us = {"wall": wall, "cpu": cpu, "io_thread": io, "other_threads": cpu - io}
+    us["wall_minus_cpu"] = wall - cpu
+    return {k: v / n * 1e6 for k, v in us.items()}
+
+
+def repetition(
+    settings: BrokerSettings, queues: BenchQueues, args: argparse.Namespace, tmp: Path
+) -> dict[str, dict[str, float]]:
+    """One run of every path: its figures by path."""
+    n, batch = args.messages, args.batch
+    out: dict[str, dict[str, float]] = {}
+    for path in PATHS:
+        queue = queues.fresh(settings)
+        our_publish(settings, queue, n, 10000)
+        wait_for_depth(settings, queue, n)
+        if path == "our_consumer":
+            store = CountingStore(tmp / f"dedup-{time.time_ns()}.sqlite3")
+            config = consumer_config(queue, batch, n, 1, 5)
+            ours = Consumer(settings, noop, store, config, on_report=lambda r: None)
+            try:
+                out[path] = timed(ours.run, n)
+            finally:
+                store.close()
+            out[path]["units"] = store.units
+            out[path]["mean_unit"] = store.deliveries / max(1, store.units)
+        else:
+            consume = raw_auto_ack if path == "raw_auto_ack" else pika_manual_ack
+            out[path] = timed(functools.partial(consume, settings, queue, n, batch), n)
+    return out
+
+
+def main() -> int:
+    parser = CommandParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=500, help="ack batch (prefetch 3 x batch)")
+    add_gc_option(parser)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if min(args.messages, args.repeat, args.batch) < 1:
+        parser.error("--messages, --repeat and --batch must be at least 1")
+    settings = settings_from_env("amqp-lab walltime", heartbeat=60)
+    tune_gc(args.gc_young_threshold)
+    queues = BenchQueues(queue_arguments("classic", work_queue_mode()))
+    runs: list[dict[str, dict[str, float]]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(args.repeat):
+                runs.append(repetition(settings, queues, args, Path(tmp)))
+    finally:
+        queues.delete(settings)
+    summary: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
+    for path in PATHS:
+        for figure in runs[0][path]:
+            values = [r[path][figure] for r in runs]
+            summary[f"{path}_{figure}"] = round(statistics.median(values), 2)
+            summary[f"{path}_{figure}_range"] = [round(min(values), 2), round(max(values), 2)]
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+        return EXIT_OK
+    print(f"µs per delivery, median of {args.repeat} runs of {args.messages} (range)")
+    print(f"{'path':<16}" + "".join(f"{f:>22}" for f in FIGURES))
+    for path in PATHS:
+        cells = "".join(
+            f"{summary[f'{path}_{f}']:>9.1f} ({summary[f'{path}_{f}_range'][0]:.1f}-"
+            f"{summary[f'{path}_{f}_range'][1]:.1f})".rjust(22)
+            for f in FIGURES
+        )
+        print(f"{path:<16}{cells}")
+    print(
+        f"our consumer: {summary['our_consumer_units']:.0f} units "
+        f"of {summary['our_consumer_mean_unit']:.0f} deliveries at the median"
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    run(main)
