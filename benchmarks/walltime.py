@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Where a consumer's wall time goes: on a CPU (which thread) or off it, per delivery.
 
-Three ways to consume the same messages, alternating on the broker of ``EAI_AMQP_URL``, each
-on a freshly declared queue holding ``--messages`` persistent 256-byte messages (bench.py's
-queue and messages), timed from connect to close:
+Three ways to consume the same messages on the broker of ``EAI_AMQP_URL``, each on a freshly
+declared queue holding ``--messages`` persistent 256-byte messages (bench.py's queue and
+messages), timed from connect to close, in an order that rotates from one run to the next:
 
 * ``raw_auto_ack``: pika's consume generator with auto-ack (bench.py's denominator);
 * ``pika_manual_ack``: the same generator with manual acks - prefetch 3 x ``--batch`` and one
@@ -13,13 +13,15 @@ queue and messages), timed from connect to close:
 
 For each, in microseconds per delivery: ``wall``; ``cpu``, the process's CPU time (every
 thread); ``io_thread``, the CPU time of the thread that reads the socket and settles (this
-one: the consumers run in it); ``other_threads``, the rest of ``cpu`` (our consumer's
-handler thread); and ``wall_minus_cpu``, the time no thread of the process was on a CPU,
-when its threads take turns (the GIL lets one run Python at a time): waiting for the
-broker, for a disk flush, or for a CPU the broker's own threads hold on a small machine.
-For our consumer also the units it ran (one store transaction and one basic.ack each; a
-unit of one delivery has no batch transaction and is not counted) and their mean size.
-Each figure is the median of ``--repeat`` runs, with its range.
+one: every path's consume loop runs in the calling thread); ``other_threads``, the rest of
+``cpu`` (our consumer's handler thread); and ``wall_minus_cpu``, a lower bound of the time no
+thread of the process was on a CPU (time both threads ran at once - the GIL is released
+inside SQLite and system calls - is subtracted from it): waiting for the broker, for a disk
+flush, or for a CPU the broker's own threads hold on a small machine. For our consumer also
+the units it ran (one store transaction and one basic.ack each; a unit of one delivery has
+no batch transaction and is not counted) and their mean size. Each figure is the median of
+``--repeat`` runs, with its range; each is its own median, so the columns of a row need not
+add up.
 
     python benchmarks/walltime.py [--messages 20000] [--repeat 5] [--batch 500] [--json]
 """
@@ -59,6 +61,7 @@ from benchmarks.bench import (
     wait_for_depth,
     work_queue_mode,
 )
+from benchmarks.history import broker_version
 
 PATHS = ("raw_auto_ack", "pika_manual_ack", "our_consumer")
 FIGURES = ("wall", "cpu", "io_thread", "other_threads", "wall_minus_cpu")
@@ -75,13 +78,18 @@ class CountingStore(SqliteDedupStore):
     def process_batch(
         self, batch: list[tuple[str, Callable[[Any], None]]]
     ) -> list[bool | BaseException]:
+        """SqliteDedupStore.process_batch, counted once it committed (a try the consumer's
+        StoreRetry repeats after an outage counts once; one that raised, not at all)."""
+        results = super().process_batch(batch)
         self.units += 1
         self.deliveries += len(batch)
-        return super().process_batch(batch)
+        return results
 
 
 def raw_auto_ack(settings: BrokerSettings, queue: str, n: int, batch: int) -> int:
-    """pika's consume generator with auto-ack: the messages received."""
+    """basic.consume ``queue`` with auto-ack through pika's consume generator until ``n``
+    messages came or none for 5 s: the number received (``batch`` is unused: the paths share
+    one signature). pika's errors pass through."""
     connection = connect(settings)
     channel = connection.channel()
     count = 0
@@ -97,8 +105,9 @@ def raw_auto_ack(settings: BrokerSettings, queue: str, n: int, batch: int) -> in
 
 
 def pika_manual_ack(settings: BrokerSettings, queue: str, n: int, batch: int) -> int:
-    """pika's consume generator with basic.qos 3 x ``batch`` and one basic.ack multiple per
-    ``batch`` deliveries (and one for the rest): the messages received."""
+    """basic.qos 3 x ``batch``, then basic.consume ``queue`` through pika's consume generator
+    with one basic.ack(multiple=True) per ``batch`` deliveries (and one for the rest), until
+    ``n`` messages came or none for 5 s: the number received. pika's errors pass through."""
     connection = connect(settings)
     channel = connection.channel()
     channel.basic_qos(prefetch_count=3 * batch)
@@ -120,8 +129,8 @@ def pika_manual_ack(settings: BrokerSettings, queue: str, n: int, batch: int) ->
 
 
 def timed(consume: Callable[[], int], n: int) -> dict[str, float]:
-    """Run ``consume`` (in this thread) and return its figures in µs per delivery; raises
-    SystemExit if it did not see ``n`` messages."""
+    """Run ``consume`` (in this thread) and return its figures (:data:`FIGURES`) in µs per
+    delivery; raises SystemExit if it did not see ``n`` messages."""
     wall0, cpu0, io0 = time.perf_counter(), time.process_time(), time.thread_time()
     seen = consume()
     wall = time.perf_counter() - wall0
@@ -135,12 +144,19 @@ def timed(consume: Callable[[], int], n: int) -> dict[str, float]:
 
 
 def repetition(
-    settings: BrokerSettings, queues: BenchQueues, args: argparse.Namespace, tmp: Path
+    settings: BrokerSettings,
+    queues: BenchQueues,
+    args: argparse.Namespace,
+    tmp: Path,
+    order: tuple[str, ...] = PATHS,
 ) -> dict[str, dict[str, float]]:
-    """One run of every path: its figures by path."""
+    """One run of every path, in ``order``: for each, a fresh queue (the previous one deleted),
+    ``--messages`` confirmed publishes into it, then the consume, timed. Returns each path's
+    figures (µs per delivery; our consumer's also ``units`` and ``mean_unit``). Raises
+    SystemExit when a path did not see every message; pika's errors pass through."""
     n, batch = args.messages, args.batch
     out: dict[str, dict[str, float]] = {}
-    for path in PATHS:
+    for path in order:
         queue = queues.fresh(settings)
         our_publish(settings, queue, n, 10000)
         wait_for_depth(settings, queue, n)
@@ -161,6 +177,9 @@ def repetition(
 
 
 def main() -> int:
+    """Parse the options, measure ``--repeat`` runs (the paths' order rotating from one run to
+    the next), print the table or ``--json``'s summary; the bench queues are deleted even when
+    a run fails."""
     parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=5)
@@ -176,11 +195,19 @@ def main() -> int:
     runs: list[dict[str, dict[str, float]]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for _ in range(args.repeat):
-                runs.append(repetition(settings, queues, args, Path(tmp)))
+            for r in range(args.repeat):
+                order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]
+                runs.append(repetition(settings, queues, args, Path(tmp), order))
     finally:
         queues.delete(settings)
-    summary: dict[str, Any] = {"messages": args.messages, "repeat": args.repeat}
+    summary: dict[str, Any] = {
+        "messages": args.messages,
+        "repeat": args.repeat,
+        "batch": args.batch,
+        "gc_young_threshold": args.gc_young_threshold,
+        "queue_arguments": queues.arguments,
+        "broker_version": broker_version(settings),
+    }
     for path in PATHS:
         for figure in runs[0][path]:
             values = [r[path][figure] for r in runs]
@@ -189,7 +216,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, allow_nan=False))
         return EXIT_OK
-    print(f"µs per delivery, median of {args.repeat} runs of {args.messages} (range)")
+    print(
+        f"RabbitMQ {summary['broker_version']}: µs per delivery, median of {args.repeat} runs "
+        f"of {args.messages} (range; each column its own median)"
+    )
     print(f"{'path':<16}" + "".join(f"{f:>22}" for f in FIGURES))
     for path in PATHS:
         cells = "".join(

@@ -131,16 +131,22 @@ def test_walltime_splits_each_path_and_counts_our_units(vhost: BrokerSettings) -
         timeout=200,
     )
     summary = summary_of(result)
+    assert summary["broker_version"] not in ("", "?")
+    assert (summary["messages"], summary["batch"]) == (600, 200)
     for path in ("raw_auto_ack", "pika_manual_ack", "our_consumer"):
-        wall, cpu = summary[f"{path}_wall"], summary[f"{path}_cpu"]
+        wall, cpu, io = (summary[f"{path}_{f}"] for f in ("wall", "cpu", "io_thread"))
         assert wall > 0 and cpu > 0, path
-        low, high = summary[f"{path}_wall_range"]
-        assert low <= wall <= high, path
-        # the CPU of the consuming thread is part of the process's
-        assert summary[f"{path}_io_thread"] <= cpu + 0.01, path
-    # the pika paths consume in this thread only; ours settles here and commits elsewhere
-    assert summary["raw_auto_ack_other_threads"] < summary["our_consumer_other_threads"]
-    # 600 deliveries in units of at most 200 (units of one are not batch transactions)
-    assert 3 <= summary["our_consumer_units"] <= 600
-    assert 1 < summary["our_consumer_mean_unit"] <= 200
+        # the consume loop's thread is part of the process, and nothing runs faster than its
+        # CPU allows: a wall below the consuming thread's CPU would be a clock mixed up
+        assert 0 < io <= cpu + 0.01 and io <= wall + 0.01, path
+    # ours reads and settles in the calling thread; its handler thread commits
+    handler = summary["our_consumer_other_threads"]
+    assert summary["our_consumer_io_thread"] > handler > 0
+    for path in ("raw_auto_ack", "pika_manual_ack"):
+        # pika's consume generator runs in the calling thread alone (in a run this small,
+        # a thread of the path before may still end: a fraction of a µs a delivery)
+        assert summary[f"{path}_other_threads"] < handler / 2, path
+    # 600 deliveries a run in units of 2 to 200 (units of one are not batch transactions)
+    units, mean = summary["our_consumer_units"], summary["our_consumer_mean_unit"]
+    assert units >= 3 and 2 <= mean <= 200
     assert bench_queues(vhost) == []
