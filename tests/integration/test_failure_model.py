@@ -375,9 +375,17 @@ def test_a_message_that_kills_the_worker_is_dead_lettered_after_bounded_redelive
         out += run_out
     assert codes == [CRASH_EXIT_CODE] * 3 + [0]  # first delivery, 2 redeliveries, then the DLQ
     reports = [(r["message_id"], r["outcome"]) for r in parse_lines(out)]
-    assert settled_order(reports) == settled_order(
-        [("m-crash", "dead-lettered"), ("m-1", "processed"), ("m-2", "processed")]
-    )
+    if TEST_CONCURRENCY == 1:
+        assert reports == [("m-crash", "dead-lettered"), ("m-1", "processed"), ("m-2", "processed")]
+    else:
+        # With several handlers m-1 or m-2 can commit in a run the crash kills before its
+        # basic.ack leaves: the next run finds the claim and settles it as a duplicate. Each
+        # must still be settled, and applied once (the effects below).
+        assert reports.count(("m-crash", "dead-lettered")) == 1
+        for message_id in ("m-1", "m-2"):
+            outcomes = [o for m, o in reports if m == message_id]
+            assert outcomes and set(outcomes) <= {"processed", "duplicate"}, (message_id, reports)
+        assert {m for m, _ in reports} == {"m-crash", "m-1", "m-2"}
     (_, _props, body) = get_all(topology, "q:tasks:dlq")[0]
     assert b'"type":"PoisonMessage"' in body and b'"classification":"poison"' in body
     assert effects(tmp_path / "dedup.sqlite3") == ["m-1", "m-2"]
