@@ -9,7 +9,6 @@ client-republished messages; 4.x treats x-* headers as the broker's).
 from __future__ import annotations
 
 import functools
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from amqp_lab.errors import ConfigurationError, InvalidMessage, UnencodableMessage
 from amqp_lab.fieldtable import FieldTableError
+from amqp_lab.json_codec import decode_json, encode_json, parse_json
 from amqp_lab.topology.model import Names
 from amqp_lab.wire import AmqpProperties
 
@@ -236,46 +236,6 @@ PROPERTY_NAMES = (
 )
 
 
-def encode_json(value: Any) -> bytes:
-    """Compact, deterministic, standard JSON bytes (UTF-8, RFC 8259). Raises ValueError, one
-    line naming the reason, for a value standard JSON cannot carry: NaN or an infinity
-    (Python's ``json`` would write ``NaN`` / ``Infinity``, which other parsers refuse) or a
-    string with a lone surrogate (not Unicode text, so no UTF-8 form); TypeError for a type
-    JSON has no form for."""
-    try:
-        text = json.dumps(
-            value, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-        )
-    except ValueError as e:
-        if "Out of range float" not in str(e):
-            raise
-        raise ValueError("it holds NaN or Infinity: standard JSON has no such number") from e
-    try:
-        return text.encode()
-    except UnicodeEncodeError as e:
-        char = e.object[e.start : e.start + 1]
-        raise ValueError(
-            f"a string holds {char!r}, a lone surrogate: not Unicode text, so no UTF-8 form"
-        ) from e
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (standard JSON has no NaN or Infinity)")
-
-
-_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
-def decode_json(text: str | bytes) -> Any:
-    """Parse standard JSON (RFC 8259): as ``json.loads``, but ``NaN``, ``Infinity`` and
-    ``-Infinity``, which Python's parser accepts, are refused, and bytes are UTF-8 (no
-    guessing UTF-16 or UTF-32). Raises ValueError (UnicodeDecodeError for bytes that are not
-    UTF-8) or RecursionError (nested too deeply)."""
-    if isinstance(text, bytes | bytearray):
-        text = bytes(text).decode("utf-8")
-    return _STRICT_JSON.decode(text)
-
-
 def message_for(
     names: Names,
     body: Any,
@@ -393,7 +353,7 @@ def decode_body(
     except UnicodeDecodeError as e:
         raise InvalidMessage(f"body is not UTF-8: {e.reason} at byte {e.start}") from e
     try:
-        return _STRICT_JSON.decode(text)
+        return parse_json(text)
     except ValueError as e:
         raise InvalidMessage(f"body is not JSON: {e}") from e
     except RecursionError as e:

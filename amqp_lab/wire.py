@@ -42,6 +42,14 @@ _FIELDS = (
 _SPEC = tuple((1 << (15 - i), name, kind) for i, (name, kind) in enumerate(_FIELDS))
 _PACK_H, _UNPACK_H = struct.Struct(">H").pack, struct.Struct(">H").unpack_from
 _PACK_Q, _UNPACK_Q = struct.Struct(">Q").pack, struct.Struct(">Q").unpack_from
+# flags word -> the (attribute, kind) of each property it sets: a queue's messages carry few
+# combinations, and a flags word has 2**16 values at most, so this stays bounded
+_PLANS: dict[int, tuple[tuple[str, str], ...]] = {}
+
+
+def _plan(flags: int) -> tuple[tuple[str, str], ...]:
+    """The properties a content header with this first flags word carries, in wire order."""
+    return tuple((name, kind) for bit, name, kind in _SPEC if flags & bit)
 
 
 class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
@@ -117,6 +125,9 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
         return [_PACK_H(flags), bytes(out)]
 
     def decode(self, encoded: bytes, offset: int = 0) -> AmqpProperties:
+        """Decode a content header's property list (pika calls this on a fresh instance, whose
+        ``__init__`` set every property to None): only the properties whose flag is set are
+        visited, in the order of the field plan for these flags (:func:`_plan`)."""
         (flags,) = _UNPACK_H(encoded, offset)
         offset += 2
         word = flags
@@ -124,10 +135,11 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
             (word,) = _UNPACK_H(encoded, offset)
             offset += 2
         fields = self.__dict__
-        for bit, name, kind in _SPEC:
-            if not flags & bit:
-                fields[name] = None
-            elif kind == "s":
+        plan = _PLANS.get(flags)
+        if plan is None:
+            plan = _PLANS[flags] = _plan(flags)
+        for name, kind in plan:
+            if kind == "s":
                 end = offset + 1 + encoded[offset]
                 raw = encoded[offset + 1 : end]
                 offset = end

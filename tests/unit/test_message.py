@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amqp_lab import message
+from amqp_lab import json_codec, message
 from amqp_lab.errors import BusinessError, ConfigurationError, InvalidMessage, UnencodableMessage
 from amqp_lab.message import (
     JSON,
@@ -356,3 +356,35 @@ def test_a_delivered_json_body_with_nan_or_infinity_is_invalid(body: bytes) -> N
     business error, not a float the handler must guard against."""
     with pytest.raises(InvalidMessage, match=r"body is not JSON: .*is not a JSON number"):
         decode_body(body, "application/json")
+
+
+_JSONISH = st.text(alphabet=' \t\r\n{}[]",:.-+0123456789eEtruefalsnNIaiy\\u\x00\x0b', max_size=30)
+
+
+@settings(max_examples=1000)
+@given(
+    st.one_of(
+        _JSONISH,
+        st.text(max_size=30),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers()
+            | st.floats(allow_nan=False)
+            | st.text(max_size=5),
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+            max_leaves=8,
+        ).map(json.dumps),
+    )
+)
+def test_parse_json_gives_what_the_strict_decoder_gives(text: str) -> None:
+    """The fast path (no whitespace scans) changes neither a value nor an error's wording."""
+    try:
+        expected: Any = ("value", json_codec._STRICT_JSON.decode(text))
+    except ValueError as e:
+        expected = ("error", str(e))
+    try:
+        got: Any = ("value", json_codec.parse_json(text))
+    except ValueError as e:
+        got = ("error", str(e))
+    assert got == expected
