@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from amqp_lab.errors import ConfigurationError
 from amqp_lab.message import DEFAULT_MAX_BODY_BYTES, Task
+from amqp_lab.publishing.confirm_deadline import DEFAULT_CONFIRM_TIMEOUT
 from amqp_lab.retry.policy import REQUEUE_ONCE, RetryPolicy
 from amqp_lab.topology.model import Names
 from amqp_lab.topology.retry_check import RetryExpectations
@@ -37,6 +38,7 @@ class EngineConfig:
     store_outage: float = 60.0
     dead_letter_attempts: int = 3
     max_message_size: int | None = None
+    confirm_timeout: float | None = DEFAULT_CONFIRM_TIMEOUT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +53,7 @@ class ConsumerBounds:
     dead_letter_attempts: int = 3
     verify_topology: bool = True
     max_message_size: int | None = None
+    confirm_timeout: float | None = DEFAULT_CONFIRM_TIMEOUT
 
     def check_bounds(self) -> None:
         """Raise ConfigurationError for a count below 1 or a negative duration."""
@@ -60,6 +63,10 @@ class ConsumerBounds:
             )
         if not self.store_outage >= 0:
             raise ConfigurationError(f"store_outage must be >= 0 seconds, not {self.store_outage}")
+        if self.confirm_timeout is not None and not self.confirm_timeout > 0:
+            raise ConfigurationError(
+                f"confirm_timeout must be > 0 seconds or None, not {self.confirm_timeout}"
+            )
 
     def engine_config(
         self, dlx: str, expectations: RetryExpectations, handler_threads: int = 1
@@ -75,6 +82,7 @@ class ConsumerBounds:
             store_outage=self.store_outage,
             dead_letter_attempts=self.dead_letter_attempts,
             max_message_size=self.max_message_size,
+            confirm_timeout=self.confirm_timeout,
         )
 
 
@@ -104,6 +112,9 @@ class ConsumerConfig(ConsumerBounds):
     * ``store_outage``: how long the dedup store may stay unavailable (deliveries retried,
       nothing acked) before the consumer stops;
     * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
+    * ``confirm_timeout``: seconds one DLQ or retry write waits for its publisher confirm
+      before the connection is dropped (its deliveries come back; None: no limit):
+      :mod:`amqp_lab.publishing.confirm_deadline`;
     * ``max_message_size``: the broker's limit in bytes (its ``max_message_size``), None while
       unknown: a DLQ record over it is sent in its raw form (the body as it is); the broker's
       refusal of a larger one teaches it (docs/dlq-record.md);

@@ -26,6 +26,7 @@ from amqp_lab.errors import DeadLetterFailed, RecordTooLarge, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
+from amqp_lab.publishing.confirm_deadline import DEFAULT_CONFIRM_TIMEOUT, confirm_deadline
 from amqp_lab.retry.policy import Backoff
 from amqp_lab.settings import BrokerSettings
 
@@ -143,7 +144,9 @@ class ConfirmedWriter:
     reopened when the broker closes it. ``attempts``: tries of one write; ``uniform`` draws
     the backoff between them (seconds); ``max_message_size``: the broker's limit in bytes
     (None: unknown), learnt from the broker's refusal of a larger message (406
-    PRECONDITION_FAILED "message size N is larger than configured max size M")."""
+    PRECONDITION_FAILED "message size N is larger than configured max size M");
+    ``confirm_timeout``: seconds a write waits for its confirm while ``blocked()`` is false
+    before the connection is dropped (:func:`confirm_deadline`; None: no limit)."""
 
     def __init__(
         self,
@@ -151,7 +154,11 @@ class ConfirmedWriter:
         attempts: int = 3,
         uniform: Callable[[float, float], float] = random.uniform,
         max_message_size: int | None = None,
+        confirm_timeout: float | None = DEFAULT_CONFIRM_TIMEOUT,
+        blocked: Callable[[], bool] = lambda: False,
     ) -> None:
+        self.confirm_timeout = confirm_timeout
+        self.blocked = blocked
         self.settings = settings
         self.attempts = attempts
         self.uniform = uniform
@@ -216,7 +223,8 @@ class ConfirmedWriter:
             try:
                 if self._channel is None or not self._channel.is_open:
                     self.open(connection)
-                reply = publish_and_wait(self._channel, message, properties)
+                with confirm_deadline(connection, self.confirm_timeout, self.blocked):
+                    reply = publish_and_wait(self._channel, message, properties)
                 if reply is Reply.ACK:
                     return
                 problem = str(outcome_error(reply, message))

@@ -91,10 +91,15 @@ class ConsumerEngine:
             max_workers=config.handler_threads, thread_name_prefix="handler"
         )
         self.store_retry = StoreRetry(config.store_outage)
-        self.writer = ConfirmedWriter(
-            settings, config.dead_letter_attempts, uniform, config.max_message_size
-        )
         self.blocked = BlockedTime(observer.blocked)
+        self.writer = ConfirmedWriter(
+            settings,
+            config.dead_letter_attempts,
+            uniform,
+            config.max_message_size,
+            config.confirm_timeout,
+            lambda: self.blocked.blocked,
+        )
         self.guard = TopologyGuard(settings, config.expectations, config.verify_topology)
         self._end_connection = end_connection
         self._bound = False  # bind_vhost done (at the first connection)

@@ -9,6 +9,9 @@ the message (basic.ack), or raises
   by closing the channel, or AMQP cannot carry; found before sending, not retried;
 * :class:`~amqp_lab.errors.MessageNacked` - basic.nack on every attempt;
 * :class:`~amqp_lab.errors.PublishFailed` - the connection kept failing until retries ran out;
+* a confirm that does not come within ``confirm_timeout`` seconds (a node on the minority side
+  of a partition keeps the connection and its heartbeats alive and confirms nothing) drops the
+  connection (:mod:`amqp_lab.publishing.confirm_deadline`): retried as a lost connection;
 * :class:`~amqp_lab.errors.BrokerBlocked` - connection.blocked (memory or disk alarm) for longer
   than ``blocked_connection_timeout`` (pika #764: otherwise a publisher hangs); not retried;
 * :class:`~amqp_lab.errors.NotFound` / ``AccessRefused`` - the exchange does not exist (404) or
@@ -48,6 +51,8 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import publish_span
 from amqp_lab.publishing.confirm import Reply, outcome_error, publish_and_wait
+from amqp_lab.publishing.confirm_deadline import DEFAULT_CONFIRM_TIMEOUT, confirm_deadline
+from amqp_lab.publishing.confirm_watch import ConfirmWatch
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
 from amqp_lab.retry.policy import Backoff
 from amqp_lab.settings import BrokerSettings
@@ -84,7 +89,10 @@ class Publisher:
     failure. Not thread-safe (pika's BlockingConnection is not). ``observer`` (e.g.
     :class:`amqp_lab.exporters.metrics.PublisherMetrics`) hears of each outcome, confirm
     latency, blocked period and reconnect. Each publish is a ``publish`` span whose W3C trace
-    context the message carries (``traceparent`` header; :mod:`amqp_lab.observability.tracing`)."""
+    context the message carries (``traceparent`` header; :mod:`amqp_lab.observability.tracing`).
+    ``confirm_timeout``: seconds a publish waits for its confirm, time blocked by the broker
+    not counted, before the connection is dropped and the publish retried (None: no limit).
+    Raises ValueError for a ``confirm_timeout`` <= 0."""
 
     def __init__(
         self,
@@ -92,7 +100,10 @@ class Publisher:
         retry: PublishRetry | None = None,
         sleep: Callable[[float], None] = time.sleep,
         observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
+        confirm_timeout: float | None = DEFAULT_CONFIRM_TIMEOUT,
     ) -> None:
+        ConfirmWatch(confirm_timeout)  # ValueError now, not at the first publish
+        self.confirm_timeout = confirm_timeout
         self.settings = settings
         self.retry = retry or PublishRetry()
         self._sleep = sleep
@@ -142,7 +153,9 @@ class Publisher:
         self.attempts_made += 1
         started = time.perf_counter()
         try:
-            reply = publish_and_wait(channel, message, properties)
+            blocked = self._blocked
+            with confirm_deadline(self._connection, self.confirm_timeout, lambda: blocked.blocked):
+                reply = publish_and_wait(channel, message, properties)
         except pe.ChannelClosedByBroker as e:
             self._channel = None  # replace the dead channel; the connection is still good
             raise translate(e, self.settings) from e

@@ -51,6 +51,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import with_current_context
 from amqp_lab.publishing.batch import Outcome, PublishBatch
+from amqp_lab.publishing.confirm_deadline import DEFAULT_CONFIRM_TIMEOUT
 from amqp_lab.publishing.confirm_watch import ConfirmWatch
 from amqp_lab.publishing.in_flight import InFlight, Pending
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
@@ -89,7 +90,7 @@ class PipelinedPublisher(PublisherIo):
         cap: float = 5.0,
         max_reconnects: int = 10,
         observer: PublisherObserver = NO_PUBLISHER_OBSERVER,
-        confirm_timeout: float | None = 30.0,
+        confirm_timeout: float | None = DEFAULT_CONFIRM_TIMEOUT,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")

@@ -24,9 +24,9 @@ import pytest
 from amqp_lab.connection import open_channel
 from amqp_lab.consuming.consumer import Consumer, DeliveryReport
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.errors import BrokerConnectionError
+from amqp_lab.errors import BrokerConnectionError, BusinessError
 from amqp_lab.fieldtable import TaggedInt
-from amqp_lab.message import encode_json
+from amqp_lab.message import Task, encode_json
 from amqp_lab.publishing.blocking import Publisher
 from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology import apply_topology, load_topology
@@ -276,6 +276,40 @@ def test_connections_that_die_before_settling_anything_exhaust_the_budget(
         stop.set()
     assert consumer.connections_opened == 3
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.timeout(90)
+def test_a_dlq_write_whose_confirm_does_not_come_drops_the_consumers_connection(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """The consumer's DLQ write waits confirm_timeout, not until the link comes back: the
+    connection is dropped, the delivery comes back on the next one and is dead-lettered
+    there (a record of the first write may have been stored too: at least once)."""
+    publish(topology, ("ok", "m-dlq"))
+    with FaultProxy((topology.host, topology.port)) as proxy:
+        stalls: list[threading.Thread] = []
+
+        def handler(task: Task, db: Any) -> None:
+            if not stalls:  # the link goes silent as the DLQ write starts (heartbeats: 60 s)
+                stalls.append(threading.Thread(target=proxy.stall, args=(6,), daemon=True))
+                stalls[0].start()
+            raise BusinessError("refused: the DLQ write is what is tested")
+
+        reports: list[DeliveryReport] = []
+        consumer = Consumer(
+            through(topology, proxy.port, heartbeat=60),
+            handler,
+            SqliteDedupStore(tmp_path / "d.sqlite3"),
+            consumer_config(idle_exit=2.0, confirm_timeout=1.5),
+            on_report=reports.append,
+        )
+        consumer.run()
+        stalls[0].join(10)
+    assert consumer.connections_opened == 2  # without the deadline: 1, the write waits 6 s
+    assert [(r.message_id, r.outcome) for r in reports] == [("m-dlq", "dead-lettered")]
+    records = [p.message_id for _, p, _ in get_all(topology, "q:tasks:dlq")]
+    assert 1 <= len(records) <= 2
+    assert get_all(topology, "q:tasks") == []
 
 
 # --- deliveries the client cannot decode or settle ---------------------------------------------
