@@ -11,7 +11,8 @@ import pytest
 
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
-from tests.support import ROOT, script_env, strict_json
+from tests.console_support import free_port
+from tests.support import ROOT, one_error_line, script_env, strict_json
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +151,30 @@ def test_walltime_splits_each_path_and_counts_our_units(vhost: BrokerSettings) -
     units, mean = summary["our_consumer_units"], summary["our_consumer_mean_unit"]
     assert units >= 3 and 2 <= mean <= 200
     assert bench_queues(vhost) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("bench.py", "--no-record"),
+        ("walltime.py",),
+        ("outbox.py", "--store", "sqlite"),
+    ],
+)
+def test_a_benchmark_with_no_broker_says_so_in_one_line(command: tuple[str, ...]) -> None:
+    """Nothing listens at the URL: exit 1, one ``error:`` line naming the masked URL, no
+    traceback, the password nowhere."""
+    settings = BrokerSettings(f"amqp://guest:bench-secret@127.0.0.1:{free_port()}/%2F")
+    script, *options = command
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *options, "--repeat", "1"],
+        env=script_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result.stderr)
+    assert "cannot connect" in line and "127.0.0.1" in line, line
+    assert "bench-secret" not in result.stdout + result.stderr
