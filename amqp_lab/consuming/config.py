@@ -112,8 +112,9 @@ class ConsumerConfig(ConsumerBounds):
     * ``store_outage``: how long the dedup store may stay unavailable (deliveries retried,
       nothing acked) before the consumer stops;
     * ``dead_letter_attempts``: tries of one DLQ or retry write before the delivery is parked;
-    * ``confirm_timeout``: seconds one DLQ or retry write waits for its publisher confirm
-      before the connection is dropped (its deliveries come back; None: no limit):
+    * ``confirm_timeout``: seconds one DLQ or retry write waits for its publisher confirm,
+      time blocked by the broker (connection.blocked) not counted, before the connection is
+      dropped (its deliveries come back; None: no limit):
       :mod:`amqp_lab.publishing.confirm_deadline`;
     * ``max_message_size``: the broker's limit in bytes (its ``max_message_size``), None while
       unknown: a DLQ record over it is sent in its raw form (the body as it is); the broker's

@@ -207,7 +207,9 @@ class ConfirmedWriter:
         (nothing to retry), DeadLetterFailed when it was not confirmed, AccessRefused on a 403
         (permissions revoked mid-run: the worker's end, not this message's), StaleDelivery when
         the ``delivering`` channel has closed - nothing is written then: the delivery will come
-        back, and writing now would make a second copy."""
+        back, and writing now would make a second copy. A lost connection raises pika's error
+        as it is (StreamLostError when no confirm came within ``confirm_timeout``): the
+        consumer translates it (``connection.translate``) and reconnects."""
         with publish_span(message, parent) as (_, traced):
             self._write(connection, delivering, traced, what)
 

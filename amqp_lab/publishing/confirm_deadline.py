@@ -10,8 +10,8 @@ side of a network partition keeps both alive and confirms nothing until the part
 inside basic_publish's own wait. The timer looks every ``ConfirmWatch.interval`` seconds, and
 once the confirm is overdue it ends the TCP stream. A frozen node would never answer a
 connection.close, so the stream is ended without one. This uses pika 1.3-1.4 internals:
-``_adapter_call_later``, ``_adapter_remove_timeout`` and ``_terminate_stream``, as the
-pipelined publisher and :func:`amqp_lab.connection.drop_connection` do.
+``_adapter_call_later``, ``_adapter_remove_timeout`` and ``_terminate_stream`` (the last as
+the pipelined publisher and :func:`amqp_lab.connection.drop_connection` use it).
 
 basic_publish then raises pika's ``StreamLostError`` ("no publisher confirm within N s"),
 which the caller translates to ConnectionLost. The outcome is unknown: the message may be
@@ -62,7 +62,7 @@ def confirm_deadline(
     Raises ValueError for a timeout <= 0. The publish inside raises pika's StreamLostError
     when the deadline ends the connection."""
     watch = ConfirmWatch(timeout) if clock is None else ConfirmWatch(timeout, clock)
-    impl = getattr(connection, "_impl", None)
+    impl: Any = getattr(connection, "_impl", None)
     call_later = getattr(impl, "_adapter_call_later", None)
     remove = getattr(impl, "_adapter_remove_timeout", None)
     terminate = getattr(impl, "_terminate_stream", None)
@@ -76,9 +76,14 @@ def confirm_deadline(
     def look() -> None:
         nonlocal timer
         timer = None
-        if blocked():
+        if not impl.is_open:
+            # ended in the same pass of the I/O loop (an EOF, a connection.close): pika has
+            # torn the stream down and raises that; terminating again would fail on it
+            return
+        held = blocked()
+        if held:
             watch.progress()  # the broker holds the publish back: its own limit applies
-        if not watch.overdue(sent_at, blocked()):
+        if not watch.overdue(sent_at, held):
             timer = call_later(interval, look)
             return
         text = f"no publisher confirm within {watch.timeout} s"

@@ -22,6 +22,7 @@ class FakeImpl:
     """The three pika internals confirm_deadline uses, with timers kept for the test."""
 
     def __init__(self) -> None:
+        self.is_open = True
         self.timers: dict[int, tuple[float, Callable[[], None]]] = {}
         self.removed: list[int] = []
         self.terminated: list[BaseException] = []
@@ -74,6 +75,19 @@ def test_an_overdue_confirm_ends_the_stream_with_the_reason() -> None:
     assert isinstance(error, pe.StreamLostError)
     assert str(error) == "no publisher confirm within 2.0 s"
     assert impl.removed == []  # nothing left to remove
+
+
+def test_a_look_after_the_stream_ended_otherwise_does_nothing() -> None:
+    """EOF or connection.close in the same pass of the I/O loop as an overdue look: pika has
+    torn the stream down already (terminating it again would raise AttributeError)."""
+    connection, clock = FakeConnection(), Clock()
+    impl = connection._impl
+    with confirm_deadline(connection, 2.0, clock=clock):
+        clock.now += 5.0
+        impl.is_open = False
+        impl.fire()
+        assert impl.timers == {}
+    assert impl.terminated == []
 
 
 def test_a_confirm_in_time_removes_the_timer() -> None:
