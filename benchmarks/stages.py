@@ -24,6 +24,12 @@ The stages are those of docs/benchmarks.md's table:
   observer told, per delivery; with ``--metrics``, the Prometheus observer;
 * ``report line``: the delivery's report as the worker's text line.
 
+Apart from the total, ``frame loop, pika's`` and ``frame loop, ours``: the byte stream of the
+deliveries read 4 KiB at a time (as pika's socket reads are) through pika 1.4.4's
+``Connection._on_data_available`` and through :mod:`amqp_lab.frame_reader`'s, on a stand-in
+connection whose channel dispatch does nothing: frame parse and header decode included, and
+what each loop adds around them (buffer trims, the callback lookup per method frame).
+
     python benchmarks/stages.py [--deliveries 20000] [--batch 500] [--repeat 5] [--json]
 
 Each figure is the median over ``--repeat`` runs of the stage's CPU time (process time) per
@@ -51,8 +57,11 @@ import _cli  # noqa: F401
 
 import pika.frame
 import pika.spec
+from pika.callback import CallbackManager
+from pika.connection import Connection
 from prometheus_client import CollectorRegistry
 
+from amqp_lab import frame_reader
 from amqp_lab.cli.common import EXIT_OK, run
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.consuming.config import ConsumerConfig
@@ -99,6 +108,41 @@ class CountingChannel:
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         self.acks += 1
+
+
+class FrameSink:
+    """What pika's frame loop touches of a Connection, made of pika's own methods; frames for a
+    channel go nowhere."""
+
+    _on_data_available = Connection._on_data_available
+    _read_frame = Connection._read_frame
+    _trim_frame_buffer = Connection._trim_frame_buffer
+    _process_frame = Connection._process_frame
+    _process_callbacks = Connection._process_callbacks
+    _is_method_frame = Connection._is_method_frame
+    _has_pending_callbacks = Connection._has_pending_callbacks
+
+    def __init__(self) -> None:
+        self._frame_buffer = b""
+        self.bytes_received = self.frames_received = 0
+        self.callbacks = CallbackManager()
+
+    def _deliver_frame_to_channel(self, value: object) -> None:
+        pass
+
+
+def frame_loop(stream: bytes, ours: bool) -> Callable[[], object]:
+    """Feed ``stream`` in reads of 4 KiB through pika's frame loop or ours."""
+    reads = [stream[i : i + 4096] for i in range(0, len(stream), 4096)]
+
+    def work() -> None:
+        sink = FrameSink()
+        if ours:
+            frame_reader.install(sink)
+        for data in reads:
+            sink._on_data_available(data)
+
+    return work
 
 
 def cpu(work: Callable[[], object]) -> float:
@@ -201,6 +245,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     us["report line"] = cpu(lambda: [r.line() for r in reports])
     table = {stage: round(seconds / n * 1e6, 2) for stage, seconds in us.items()}
     table["total"] = round(sum(table.values()), 2)
+    stream = b"".join(b"".join(delivery) for delivery in raw)
+    for name, ours in (("frame loop, pika's", False), ("frame loop, ours", True)):
+        table[name] = round(cpu(frame_loop(stream, ours)) / n * 1e6, 2)
     # not on a first delivery's path: one transaction per redelivered delivery
     table["redelivery count (per redelivery)"] = round(per_redelivery * 1e6, 2)
     return table

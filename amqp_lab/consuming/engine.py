@@ -33,6 +33,7 @@ from typing import Any
 import pika.exceptions as pe
 from opentelemetry.context import Context
 
+from amqp_lab import frame_reader
 from amqp_lab.connection import BlockedTime, close_quietly, connect, translate
 from amqp_lab.consuming.config import EngineConfig
 from amqp_lab.consuming.dead_letter import ConfirmedWriter, StaleDelivery, dlq_message
@@ -157,6 +158,7 @@ class ConsumerEngine:
         self.blocked.closed()
         self.observer.unacked(0)
         self.connection = connection = connect(self.settings)
+        frame_reader.install(connection)
         if not self._bound:
             identity = broker_identity(self.settings)
             self.store_retry.call(lambda: bind_vhost(self.store, self.settings.vhost, identity))

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 STAGES_APART = "redelivery count (per redelivery)"  # not on a first delivery's path
+LOOPS = ("frame loop, pika's", "frame loop, ours")  # the same bytes through either loop
 STAGES = {
     "frame parse",
     "header decode",
@@ -26,6 +27,7 @@ STAGES = {
     "report line",
     "total",
     STAGES_APART,
+    *LOOPS,
 }
 
 
@@ -50,5 +52,6 @@ def test_stages_prints_every_stage_of_the_table_as_strict_json() -> None:
     assert set(table) == STAGES
     assert all(value >= 0 for value in table.values())
     assert table["task build"] > 0 and table["dedup claim"] > 0
-    parts = sum(v for k, v in table.items() if k not in ("total", STAGES_APART))
+    assert all(table[loop] > 0 for loop in LOOPS)
+    parts = sum(v for k, v in table.items() if k not in ("total", STAGES_APART, *LOOPS))
     assert table["total"] == pytest.approx(parts, abs=0.05)
