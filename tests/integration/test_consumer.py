@@ -221,6 +221,37 @@ def test_heartbeats_flow_while_a_long_handler_runs(
     assert ready_count(topology, "q:tasks") == 0
 
 
+@pytest.mark.timeout(120)
+def test_heartbeats_between_deliveries_in_the_same_reads_keep_the_connection(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """The consumer's frame loop (amqp_lab.frame_reader) leaves a heartbeat, and what follows
+    it in the same read, to pika's loop: heartbeat 1 s, 200 deliveries trickling through for
+    about 4 s (prefetch 4, 20 ms a handler); every one processed once, on one connection,
+    with the body the publisher sent."""
+    publish(topology, *[("ok", f"m-{i}") for i in range(200)])
+    reports: list[DeliveryReport] = []
+    bodies: dict[str, Any] = {}
+
+    def slow(task: Task, db: Any) -> None:
+        bodies[task.message_id] = task.body
+        threading.Event().wait(0.02)
+
+    settings = BrokerSettings(topology.amqp_url, topology.management_url, heartbeat=1)
+    store = SqliteDedupStore(tmp_path / "dedup.sqlite3")
+    consumer = Consumer(
+        settings, slow, store, consumer_config(prefetch=4, idle_exit=1.5), on_report=reports.append
+    )
+    assert consumer.run() == 200
+    assert consumer.connections_opened == 1
+    assert sorted(str(r.message_id) for r in reports if r.outcome == "processed") == sorted(
+        f"m-{i}" for i in range(200)
+    )
+    assert len(reports) == 200
+    assert bodies["m-7"] == {"kind": "ok", "seq": 8}
+    assert ready_count(topology, "q:tasks") == 0
+
+
 def test_max_messages_stops_and_leaves_the_rest(topology: BrokerSettings, tmp_path: Path) -> None:
     publish(topology, *[("ok", f"m-{i}") for i in range(5)])
     rows = run_worker(topology, tmp_path, "--max-messages", "2", "--prefetch", "3")
