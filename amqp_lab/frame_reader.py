@@ -15,13 +15,21 @@ about a tenth of its CPU, docs/benchmarks.md):
 ``frame.decode_frame`` - but for ``basic.deliver``, content header and body frames, read here
 the way pika reads them (the header's properties by the class pika's ``spec.props`` holds:
 :class:`amqp_lab.wire.AmqpProperties`) - and every frame goes where pika sends it:
-a content header or body frame, and a ``basic.deliver`` no callback waits for, straight to its
-channel (what ``_process_frame`` does for them once its checks come out empty); every other
-frame - heartbeats, ``connection.close``, ``channel.close``, ``basic.cancel``, every RPC
-reply - through pika's own ``_process_frame``, with the buffer handed back to pika first and
-read back after (a frame that closes the connection resets it, and the loop then stops, as
-pika's does). A frame pika cannot decode raises what pika raises (``InvalidFrameError``,
-which ends the connection).
+
+* a content header or body frame, and a ``basic.deliver`` no callback waits for, on a channel
+  other than 0: straight to its channel (what ``_process_frame`` does for them once its checks
+  come out empty);
+* any other frame on a channel other than 0 (``channel.close``, ``basic.cancel``, an RPC
+  reply, a ``basic.deliver`` a callback waits for): pika's own ``_process_frame``, with the
+  buffer handed back to pika first and read back after, so a buffer pika replaced meanwhile
+  is the one read on;
+* a heartbeat, any frame on channel 0, anything that is no frame of those three types: pika's
+  whole ``_on_data_available`` takes it and the rest of that read.
+
+A frame pika cannot decode raises what pika raises (``InvalidFrameError`` for a wrong end
+marker, ``struct.error`` for a short payload...), with the buffer and the frame counters as
+pika leaves them; the transport then ends the connection. A property test
+(``tests/unit/test_frame_reader.py``) compares both loops on random frames and reads.
 """
 
 from __future__ import annotations
@@ -50,7 +58,10 @@ _DELIVER = spec.Basic.Deliver
 def install(connection: Any) -> None:
     """Give ``connection`` (a pika BlockingConnection, or the pika ``Connection`` under one)
     the frame loop of this module. Call it once the connection is open; it lasts as long as
-    that connection."""
+    that connection. Only for a connection whose channel dispatch never reads the socket
+    itself (pika's own adapters: a BlockingChannel only queues what arrives): the frames of
+    a read already dispatched stay in the buffer until the loop ends, so a dispatch that read
+    more at once would see them again."""
     impl = getattr(connection, "_impl", connection)
     impl._on_data_available = _FrameLoop(impl)
 

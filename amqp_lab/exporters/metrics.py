@@ -125,7 +125,8 @@ class ConsumerMetrics:
 
     def _start_at_zero(self) -> None:
         """The unlabelled-by-value series, exported as 0 from the start, not absent (the
-        outcome counters are, by being looked up)."""
+        outcome counters and the handler-time histogram are, by being looked up in
+        ``__init__``: the histogram's buckets are exported at 0 before the first delivery)."""
         for zero in (self.blocked_seconds, self.reconnects):
             zero.labels(*self._labels)
         self.in_flight.labels(*self._labels).set(0)
