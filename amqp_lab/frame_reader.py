@@ -38,6 +38,7 @@ import struct
 from typing import Any
 
 from pika import frame, spec
+from pika.data import decode_short_string
 from pika.exceptions import InvalidFrameError
 
 __all__ = ["install"]
@@ -49,7 +50,6 @@ _OVERHEAD = spec.FRAME_HEADER_SIZE + spec.FRAME_END_SIZE  # 8
 _PROPERTIES = _PAYLOAD + _CONTENT_HEADER.size  # 19: where a content header's flags start
 _CHANNEL_FRAMES = (spec.FRAME_METHOD, spec.FRAME_HEADER, spec.FRAME_BODY)
 _METHOD_ID = struct.Struct(">I")
-_OCTET = struct.Struct("B")
 _TAG_AND_BITS = struct.Struct(">QB")  # basic.deliver's delivery-tag and redelivered bit
 _BASIC = spec.Basic.INDEX  # 60
 _DELIVER = spec.Basic.Deliver
@@ -88,25 +88,16 @@ def decode_at(frame_type: int, channel: int, buffer: bytes, start: int, end: int
 
 def deliver_of(payload: bytes) -> Any:
     """``basic.deliver`` from its method frame's payload (method id first), as
-    ``spec.Basic.Deliver.decode`` reads it - a short string that is not UTF-8 kept as bytes -
-    with fewer calls. Raises struct.error for a payload too short, as pika does."""
+    ``spec.Basic.Deliver.decode`` reads it (pika's ``decode_short_string``: a short string
+    that is not UTF-8 kept as bytes), with fewer calls. Raises struct.error for a payload
+    too short, as pika does."""
     method = _DELIVER()
-    method.consumer_tag, offset = _short_string(payload, 4)
+    method.consumer_tag, offset = decode_short_string(payload, 4)
     method.delivery_tag, bits = _TAG_AND_BITS.unpack_from(payload, offset)
     method.redelivered = bits & 1 != 0
-    method.exchange, offset = _short_string(payload, offset + 9)
-    method.routing_key, _ = _short_string(payload, offset)
+    method.exchange, offset = decode_short_string(payload, offset + 9)
+    method.routing_key, _ = decode_short_string(payload, offset)
     return method
-
-
-def _short_string(payload: bytes, offset: int) -> tuple[str | bytes, int]:
-    """pika's ``data.decode_short_string``."""
-    end = offset + 1 + _OCTET.unpack_from(payload, offset)[0]
-    raw = payload[offset + 1 : end]
-    try:
-        return raw.decode(), end
-    except UnicodeDecodeError:
-        return raw, end
 
 
 class _FrameLoop:
