@@ -84,6 +84,7 @@ class Flight:
         self._running: dict[str, int] = {}  # key -> the batch whose chain of it runs now
         self._waiting: dict[str, collections.deque[tuple[int, int]]] = {}  # (batch, first)
         self._tail: dict[str, int] = {}  # key -> the last row leased, while it runs
+        self.failed_keys: set[str] = set()  # keys whose chain failed since the relay cleared it
 
     def tails(self) -> dict[str, int]:
         """Keys whose chain is running, with the last row leased for each: their next rows
@@ -147,16 +148,25 @@ class Flight:
         """A batch in flight for more than ``timeout`` seconds (monotonic ``now``), if any."""
         return next((b for b in self.batches.values() if now - b.started > timeout), None)
 
-    def start(self, lease: Lease) -> None:
+    def start(
+        self,
+        lease: Lease,
+        drop: set[int] | frozenset[int] = frozenset(),
+        then: Callable[[], object] | None = None,
+    ) -> None:
         """Hand every chain's first row of ``lease`` to the publisher - but a chain whose key
-        is still running in another batch waits until that chain is confirmed to its end."""
+        is still running in another batch waits until that chain is confirmed to its end,
+        and the chains whose first row is in ``drop`` never go (their rows are recorded
+        untried: :func:`amqp_lab.outbox.leaser.stale_chains`). ``then`` runs once the batch
+        is among :attr:`batches`, before its rows are handed over (the relay submits its
+        next lease there: the lease's database time overlaps the hand-over)."""
         self._numbers += 1
         batch = Batch(self._numbers, lease, ChainRun(lease.chains), time.monotonic())
         self.batches[batch.no] = batch
-        defer = set()
+        defer = set(drop)
         for chain in lease.chains:
             key = lease.rows[chain[0]].ordering_key
-            if key is None:
+            if key is None or chain[0] in drop:
                 continue
             self._tail[key] = max(self._tail.get(key, 0), chain[-1])
             if key in self._running:
@@ -164,7 +174,11 @@ class Flight:
                 defer.add(chain[0])
             else:
                 self._running[key] = batch.no
+        if then is not None:
+            then()
         self._publish(batch, *batch.run.start(defer))
+        for first in drop:
+            batch.run.drop(first)
         if batch.run.done:
             self._finish(batch)
 
@@ -172,6 +186,8 @@ class Flight:
         """A chain of ``batch`` stopped at ``row_id``: at its end (``sent``: the next chain of
         its key may go) or at a failure (the key's waiting chains are dropped, untried)."""
         key = batch.lease.rows[row_id].ordering_key
+        if key is not None and not sent:
+            self.failed_keys.add(key)
         if key is None or self._running.get(key) != batch.no:
             return
         del self._running[key]

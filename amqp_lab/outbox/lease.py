@@ -16,12 +16,15 @@ __all__ = ["Lease", "leased_row"]
 class Lease:
     """One leased batch: ``rows`` by id, ``chains`` (:mod:`amqp_lab.outbox.chains`),
     ``db_now`` (the database's clock at the lease) and ``local_now`` (``time.time()`` then:
-    their difference turns a local confirm time into the database's)."""
+    their difference turns a local confirm time into the database's); ``blocked``: the keys
+    found holding back due rows - their head refused, parked, not yet due or another relay's
+    (:func:`~amqp_lab.outbox.sql.blocked_sql`) - for the relay to skip for a while."""
 
     rows: dict[int, OutboxRow] = field(default_factory=dict)
     chains: list[list[int]] = field(default_factory=list)
     db_now: float = 0.0
     local_now: float = 0.0
+    blocked: list[str] = field(default_factory=list)
 
 
 def leased_row(values: Sequence[Any]) -> OutboxRow:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.flight import Flight
+from amqp_lab.outbox.leaser import HeldBack, Leaser, LeaseRequest, stale_chains
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
 from amqp_lab.outbox.outcomes import describe
 from amqp_lab.outbox.store import OutboxStore
@@ -85,6 +86,9 @@ class OutboxRelay:
         self._next_renew = 0.0
         self._started = 0.0
         self._thread: threading.Thread | None = None
+        self._leaser = Leaser(None, self._on_outcome)  # inline until _open knows the database
+        self._recorded_since_lease = False  # a batch recorded while a lease was out
+        self._held_back = HeldBack()
 
     @property
     def sent(self) -> int:
@@ -148,12 +152,13 @@ class OutboxRelay:
                 self._wake.clear()
                 busy = self.flight.take_outcomes()
                 busy = self._record() or busy
+                busy = self._leased() or busy
                 busy = self._lease() or busy
                 self._housekeeping()
                 now = time.monotonic()
                 if busy or self.flight.batches or self.flight.unrecorded:
                     idle_since = now
-                elif idle is not None and now - idle_since >= idle:
+                elif idle is not None and now - idle_since >= idle and not self._leaser.pending:
                     self.stop(f"idle for {idle:g} s")
                     break
                 if not busy:
@@ -166,7 +171,7 @@ class OutboxRelay:
         """The store (retried while the database is unreachable), the listener, the lock."""
         while self._store is None and not self._stopping.is_set():
             try:
-                self._store = OutboxStore(self.outbox, clock=self.clock)
+                self._store = OutboxStore(self.outbox, clock=self.clock, relay_session=True)
             except OutboxUnavailable as e:
                 self._store_down(e)
                 self._stopping.wait(max(0.0, self._store_ok_at - time.monotonic()))
@@ -177,6 +182,11 @@ class OutboxRelay:
             self._listener = NotifyListener(store.target, self._on_notify).start()
         if store.lock_path is not None:
             self._lock = RelayLock(store.lock_path)
+        else:  # PostgreSQL: leases ahead of the loop, on a connection of their own
+            self._leaser = Leaser(self._lease_store, self._on_outcome)
+
+    def _lease_store(self) -> OutboxStore:
+        return OutboxStore(self.outbox, clock=self.clock, relay_session=True)
 
     def _on_outcome(self) -> None:
         """Once per publish outcome (on the publisher's thread; on the loop's own when a
@@ -192,7 +202,9 @@ class OutboxRelay:
         self._wake.set()
 
     def _sleep_for(self, now: float) -> float:
-        deadlines = [self._next_lease, self._next_status, now + 1.0]
+        deadlines = [self._next_status, now + 1.0]
+        if not self._leaser.pending:  # else the lease's result wakes the loop
+            deadlines.append(self._next_lease)
         if self.flight.batches:
             deadlines.append(self._next_renew)
         return max(0.001, min(deadlines) - now)
@@ -214,14 +226,18 @@ class OutboxRelay:
             self._store_up()
             waiting.pop(0)
             self._next_lease = 0.0  # the keys it held may have rows ready now
+            self._recorded_since_lease = True
         return True
 
     # --- leasing and publishing ----------------------------------------------------------------
     def _lease(self) -> bool:
+        """Submit a lease when the relay has room and something may be due; inline (SQLite)
+        its batch starts now, ahead (PostgreSQL) when :meth:`_leased` takes its result."""
         store, now = self._store, time.monotonic()
         if (
             store is None
             or self._stopping.is_set()
+            or self._leaser.pending
             or len(self.flight.batches) >= self.config.batches
             or now < self._store_ok_at
             or (now < self._next_lease and not self._notified.is_set())
@@ -230,40 +246,56 @@ class OutboxRelay:
         ):
             return False
         self._notified.clear()
-        exclude, cfg = self.flight.held(), self.config
-        try:
-            held = self.flight.held_keys()
-            lease = store.lease(
-                self.relay_id, cfg.lease, cfg.batch_rows, cfg.batch_bytes, exclude, held
-            )
-            tails = {} if lease.rows else self.flight.tails()
-            if tails:  # no heads: the next rows of the keys in flight, to follow them
-                lease = store.lease_after(
-                    self.relay_id, cfg.lease, tails, cfg.batch_rows, cfg.batch_bytes
-                )
-            if not lease.rows:
-                wait = store.next_due(exclude)
-        except OutboxUnavailable as e:
-            self._store_down(e)
+        self._recorded_since_lease = False
+        self.flight.failed_keys.clear()
+        cfg = self.config
+        request = LeaseRequest(
+            self.relay_id,
+            cfg.lease,
+            cfg.batch_rows,
+            cfg.batch_bytes,
+            tuple(self.flight.held()),
+            tuple(self.flight.held_keys()) + self._held_back.keys(now),
+            self.flight.tails(),
+        )
+        self._leaser.submit(store, request)
+        return self._leased()
+
+    def _leased(self) -> bool:
+        """Start the batch of the lease that came back, if one did; whether one started.
+        Raises the store's error when it is no outage (OutboxError)."""
+        result = self._leaser.take()
+        if result is None:
             return False
+        if result.error is not None:
+            if isinstance(result.error, OutboxUnavailable):
+                self._store_down(result.error)
+                return False
+            raise result.error
         self._store_up()
+        if self._stopping.is_set():
+            return False  # its rows are released with the rest (release_all)
+        now, cfg, lease = time.monotonic(), self.config, result.lease
+        store = self._store
+        poll = self._poll(store) if store is not None else 1.0
+        self._held_back.add(lease.blocked, now, min(1.0, poll))
         if not lease.rows:
             # nothing leasable: lease again at the next due time if it comes before the poll.
             # Rows due already are held - behind a key's leased head, or leased - and become
             # leasable only when a batch is recorded (which leases at once) or another
             # relay's lease expires (the poll): leasing in between would spin on the database
-            poll = self._poll(store)
+            wait = result.next_due
             ahead = poll if wait is None or wait <= 0 else min(poll, wait)
-            self._next_lease = now + ahead
+            self._next_lease = 0.0 if self._recorded_since_lease else now + ahead
             return False
         if not self.flight.batches:
-            self._next_renew = now + self.config.lease / 3
-        if len(lease.rows) < cfg.batch_rows:
+            self._next_renew = now + cfg.lease / 3
+        if len(lease.rows) < cfg.batch_rows and not self._recorded_since_lease:
             # the due rows are exhausted: the next lease waits for this batch to be recorded
             # (its keys' next rows become heads then), a NOTIFY or the poll
-            poll = self._poll(store)
             self._next_lease = now + poll
-        self.flight.start(lease)
+        stale = stale_chains(result, self.flight.failed_keys)
+        self.flight.start(lease, stale, self._lease if self._leaser.threaded else None)
         return True
 
     def _poll(self, store: OutboxStore) -> float:
@@ -342,6 +374,7 @@ class OutboxRelay:
     # --- the end ---------------------------------------------------------------------------------
     def _shutdown(self) -> None:
         deadline = time.monotonic() + self.config.drain_timeout
+        self._leaser.close(self.config.drain_timeout)  # a lease it took is released below
         while self.flight.batches and time.monotonic() < deadline:
             self.flight.take_outcomes()
             self._wake.wait(0.05)

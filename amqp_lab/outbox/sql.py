@@ -28,10 +28,13 @@ from amqp_lab.dedup.base import Dialect
 __all__ = [
     "LEASED_COLUMNS",
     "LEASE_SCANS",
+    "STATEMENT_CLOCK",
     "after_sql",
+    "blocked_sql",
     "followers_sql",
     "heads_sql",
     "in_list",
+    "key_heads_sql",
     "lease_heads_sql",
     "lease_sql",
     "leased_rows_sql",
@@ -55,6 +58,11 @@ the planner estimating a handful of rows; it then chose a bitmap scan of every p
 a sort, so each lease read the whole backlog (measured, 20,000 pending rows: 33 ms a lease
 against 11; 100,000: 68 against 18), and catching up took time quadratic in the backlog.
 Every statement of a lease has an index to use (``unnest`` lists are function scans)."""
+
+
+STATEMENT_CLOCK = "extract(epoch FROM statement_timestamp())::float8"
+"""PostgreSQL: the server's clock when the statement started, in epoch seconds - one value
+for every use within the statement."""
 
 
 def now_sql(dialect: Dialect) -> str | None:
@@ -100,38 +108,121 @@ def not_in(dialect: Dialect, column: str, values: Sequence[Any]) -> tuple[str, t
 
 
 def heads_sql(
-    dialect: Dialect, exclude: Sequence[int], held: Sequence[str] = (), columns: str = ""
+    dialect: Dialect,
+    exclude: Sequence[int],
+    held: Sequence[str] = (),
+    columns: str = "",
+    now: str = "?",
+    keys: Sequence[str] = (),
 ) -> tuple[str, tuple[Any, ...]]:
     """The due heads, oldest first, (id, key, size): among the oldest ``?`` due rows no live
     lease holds (the ``(available_at, id)`` index), those that are their key's smallest
     pending id (one ``(ordering_key, id)`` index probe each), at most ``?``; locked ``FOR
     UPDATE SKIP LOCKED`` on PostgreSQL. Parameters: ``(now, now, *exclude, *held, scan, now,
-    limit)``. The lease is checked on the locked row too: PostgreSQL re-checks the outer
-    query's conditions against a row's latest version when it locks it, not the subquery's,
-    so a row another relay leased after this statement's snapshot is skipped there (without
-    it, two relays leased one row: the race test caught it). ``exclude``: rows this relay
-    has in flight; ``held``: their keys, whose rows cannot be heads now (skipped before the
-    probe, so a deep backlog behind keys in flight costs a scan, not a probe per row);
-    ``columns``: what to select (default: id, key, size)."""
-    excluded, params = not_in(dialect, "id", exclude)
-    unheld, keys = not_in(dialect, "ordering_key", held)
+    limit)`` - or, with ``now`` an SQL expression of the clock (:data:`STATEMENT_CLOCK`),
+    ``(*exclude, *held, scan, limit)``. The lease is checked on the locked row too:
+    PostgreSQL re-checks the outer query's conditions against a row's latest version when it
+    locks it, not the subquery's, so a row another relay leased after this statement's
+    snapshot is skipped there (without it, two relays leased one row: the race test caught
+    it). ``exclude``: rows this relay has in flight; ``held``: their keys, whose rows cannot
+    be heads now (skipped before the probe, so a deep backlog behind keys in flight costs a
+    scan, not a probe per row); ``columns``: what to select (default: id, key, size).
+
+    With ``keys``, the candidates are those keys' heads instead of the window, when due
+    (:func:`key_heads_sql`; parameters ``(*keys, now, now, limit)``, or ``(*keys, limit)``
+    with ``now`` SQL): a key whose rows filled the window may have its head further on."""
+    if keys:
+        candidates, params = key_heads_sql(dialect, keys, now)
+    else:
+        candidates, params = _window(dialect, exclude, held, now, "id")
     lock = " FOR UPDATE OF o SKIP LOCKED" if dialect == "postgresql" else ""
-    params += keys
     sql = (
         f"SELECT {columns or 'o.id, o.ordering_key, ' + size_sql(dialect, 'o.')}"
-        " FROM amqp_lab_outbox o WHERE o.id IN (SELECT id FROM amqp_lab_outbox"
-        " WHERE sent_at IS NULL AND available_at <= ? AND (lease_until IS NULL OR lease_until <= ?)"
-        f" AND {excluded} AND (ordering_key IS NULL OR {unheld})"
-        " ORDER BY available_at, id LIMIT ?)"
-        " AND o.sent_at IS NULL AND (o.lease_until IS NULL OR o.lease_until <= ?)"
-        " AND (o.ordering_key IS NULL OR o.id = (SELECT min(e.id)"
-        " FROM amqp_lab_outbox e WHERE e.ordering_key = o.ordering_key AND e.sent_at IS NULL))"
+        f" FROM amqp_lab_outbox o WHERE o.id IN ({candidates})"
+        f" AND o.sent_at IS NULL AND (o.lease_until IS NULL OR o.lease_until <= {now})"
+        f" AND (o.ordering_key IS NULL OR o.id = {_HEAD_OF.format(row='o')})"
         f" ORDER BY o.available_at, o.id LIMIT ?{lock}"
     )
     return sql, params
 
 
-def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+_HEAD_OF = (
+    "(SELECT min(e.id) FROM amqp_lab_outbox e"
+    " WHERE e.ordering_key = {row}.ordering_key AND e.sent_at IS NULL)"
+)
+
+
+def _window(
+    dialect: Dialect, exclude: Sequence[int], held: Sequence[str], now: str, columns: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The lease's window: the oldest ``?`` due rows no live lease holds, none of ``exclude``
+    and of no key in ``held`` (parameters: ``now, now`` unless ``now`` is SQL, then the
+    lists', then the scan's limit)."""
+    excluded, params = not_in(dialect, "id", exclude)
+    unheld, keys = not_in(dialect, "ordering_key", held)
+    sql = (
+        f"SELECT {columns} FROM amqp_lab_outbox"
+        f" WHERE sent_at IS NULL AND available_at <= {now}"
+        f" AND (lease_until IS NULL OR lease_until <= {now})"
+        f" AND {excluded} AND (ordering_key IS NULL OR {unheld})"
+        " ORDER BY available_at, id LIMIT ?"
+    )
+    return sql, params + keys
+
+
+def key_heads_sql(
+    dialect: Dialect, keys: Sequence[str], now: str = "?"
+) -> tuple[str, tuple[Any, ...]]:
+    """The ids of ``keys``' heads (their smallest pending id) that are due: one index probe
+    per key. Parameters: the keys', then ``now`` unless it is SQL."""
+    if dialect == "postgresql":
+        sql = (
+            "SELECT h.id FROM unnest(?::text[]) AS k(key) CROSS JOIN LATERAL"
+            " (SELECT e.id, e.available_at FROM amqp_lab_outbox e WHERE e.ordering_key = k.key"
+            f" AND e.sent_at IS NULL ORDER BY e.id LIMIT 1) h WHERE h.available_at <= {now}"
+        )
+        return sql, (array_literal(keys),)
+    values = ", ".join("(?)" for _ in keys)
+    sql = (
+        "SELECT e.id FROM amqp_lab_outbox e WHERE e.id IN (SELECT (SELECT min(f.id)"
+        " FROM amqp_lab_outbox f WHERE f.ordering_key = k.column1 AND f.sent_at IS NULL)"
+        f" FROM (VALUES {values}) AS k) AND e.available_at <= {now}"
+    )
+    return sql, tuple(keys)
+
+
+def blocked_sql(
+    dialect: Dialect, exclude: Sequence[int], held: Sequence[str], now: str = "?"
+) -> tuple[str, tuple[Any, ...]]:
+    """The keys that hold back rows of :func:`heads_sql`'s window: its rows that are not
+    their key's head - the head is refused and waiting, parked, not yet due or leased by
+    another relay - by key. A lease that found too few heads skips these keys and looks
+    further (:meth:`amqp_lab.outbox.store.OutboxStore.lease`): without that, more due rows
+    behind one refused row than the window holds hid every other key's rows, and the whole
+    outbox stalled behind one key. Only a full window can hide rows: one with fewer than
+    ``scan`` rows holds every due row, so then no key is named and no row probed (three
+    racing relays probed every window after each short lease, and the load pushed their
+    statements past a 5 s lease: duplicates). Returns (key, whether its head can be leased
+    now: due and no live lease) - only such a head is worth a try. Parameters:
+    :func:`heads_sql`'s up to the scan's limit, the limit again, and ``now`` twice
+    (``(now, now, *exclude, *held, scan, scan, now, now)``, or without the ``now`` s when it
+    is SQL)."""
+    window, params = _window(dialect, exclude, held, now, "id, ordering_key")
+    sql = (
+        f"WITH w AS MATERIALIZED ({window}), b AS (SELECT DISTINCT c.ordering_key AS key"
+        " FROM w c WHERE (SELECT count(*) FROM w) >= ?"
+        f" AND c.ordering_key IS NOT NULL AND c.id <> {_HEAD_OF.format(row='c')})"
+        f" SELECT b.key, h.available_at <= {now}"
+        f" AND (h.lease_until IS NULL OR h.lease_until <= {now})"
+        " FROM b JOIN amqp_lab_outbox h ON h.id = (SELECT min(e.id) FROM amqp_lab_outbox e"
+        " WHERE e.ordering_key = b.key AND e.sent_at IS NULL)"
+    )
+    return sql, params
+
+
+def lease_heads_sql(
+    exclude: Sequence[int], held: Sequence[str], now: str = "?", keys: Sequence[str] = ()
+) -> tuple[str, tuple[Any, ...]]:
     """PostgreSQL: lease the due heads in one pass - :func:`heads_sql`'s rows, locked ``FOR
     UPDATE SKIP LOCKED`` and updated by the same statement (one write per row, not a lock
     and then a write) - returning :data:`LEASED_COLUMNS`, size and available_at, so no second
@@ -139,17 +230,33 @@ def lease_heads_sql(exclude: Sequence[int], held: Sequence[str]) -> tuple[str, t
     budget only afterwards, so headers and body come back only for a row of at most
     ``share`` bytes (the budget over the row limit: a batch of such rows keeps within it),
     NULL for a larger one, which :func:`leased_rows_sql` reads if the batch keeps it.
-    Parameters: ``(owner, until, now, now, *exclude, *held, scan, now, limit, now, share,
+    The heads are a ``MATERIALIZED`` CTE: found and locked exactly once. As ``WHERE id IN
+    (subquery)`` the planner, misled by a table not yet analyzed, ran the locking subquery
+    once per pending row (a nested loop: 255 runs, 65,025 head probes, 1.3 s for a lease of
+    nothing, seen under three racing relays; their leases outlived their 5 s and rows went
+    twice), and a ``LIMIT ... FOR UPDATE`` subquery run again may lock and return other rows
+    each time.
+
+    Parameters: ``(now, now, *exclude, *held, scan, now, limit, owner, until, now, share,
     share)``: the lease re-checked on each row's latest version (a lease committed by another
-    relay since this statement's snapshot is seen there, not in the subquery)."""
-    heads, params = heads_sql("postgresql", exclude, held, columns="o.id")
+    relay since this statement's snapshot is seen there, not in the subquery). With ``now``
+    an SQL expression of the clock (:data:`STATEMENT_CLOCK`): ``(*exclude, *held, scan,
+    limit, owner, lease_seconds, share, share)``, and each row returns that clock last (the
+    lease needs no statement before it to read the clock). With ``keys``: those keys' due
+    heads (:func:`heads_sql`), whose parameters replace the window's (``(keys, now, now,
+    limit, ...)``)."""
+    heads, params = heads_sql(
+        "postgresql", exclude, held, columns="o.id AS head_id", now=now, keys=keys
+    )
     size = size_sql("postgresql")
     wide = f"CASE WHEN {size} <= ? THEN headers END, CASE WHEN {size} <= ? THEN body END"
+    until, clock = ("?", "") if now == "?" else (f"{now} + ?", f", {now}")
     sql = (
-        "UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = ?, tries = tries + 1"
-        f" WHERE id IN ({heads}) AND sent_at IS NULL"
-        " AND (lease_until IS NULL OR lease_until <= ?)"
-        f" RETURNING {_BEFORE_WIDE}, {wide}, {_AFTER_WIDE}, {size}, available_at"
+        f"WITH heads AS MATERIALIZED ({heads})"
+        f" UPDATE amqp_lab_outbox SET lease_owner = ?, lease_until = {until}, tries = tries + 1"
+        " FROM heads WHERE id = heads.head_id AND sent_at IS NULL"
+        f" AND (lease_until IS NULL OR lease_until <= {now})"
+        f" RETURNING {_BEFORE_WIDE}, {wide}, {_AFTER_WIDE}, {size}, available_at{clock}"
     )
     return sql, params
 

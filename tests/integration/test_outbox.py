@@ -28,6 +28,7 @@ from amqp_lab.fieldtable import TaggedInt
 from amqp_lab.message import message_for
 from amqp_lab.outbox import CancelResult, add, cancel
 from amqp_lab.outbox.observer import RelayConfig, RelayReport
+from amqp_lab.outbox.outcomes import PARKED, RowResult, Verdict
 from amqp_lab.outbox.relay import OutboxRelay
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.settings import BrokerSettings
@@ -365,20 +366,22 @@ def test_the_relay_command_says_what_it_does_and_refuses_in_one_line(
     assert json.loads(as_json.stdout)["relays"] == []
 
 
+@pytest.mark.parametrize("relay_session", [False, True])
 def test_a_postgresql_lease_reads_the_oldest_rows_in_order_not_the_whole_backlog(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, relay_session: bool
 ) -> None:
     """A backlog committed faster than autovacuum analyzes it (after an outage, a burst)
     leaves the planner thinking the table is nearly empty; it then found the due rows with
     a bitmap scan of every pending row and sorted them, so each lease read the whole backlog
     (20,000 rows: 33 ms a lease against 11; 100,000: 68 against 18). The lease's transaction
     turns bitmap and sequential scans off: the `(available_at, id)` index is read in order
-    and stops at the batch."""
+    and stops at the batch - a relay's own connection for its whole session
+    (``relay_session``)."""
     plans: list[str] = []
     real_execute = HandlerDb.execute
 
     def explaining(self: HandlerDb, sql: str, params: Any = None) -> Any:
-        if sql.startswith("UPDATE amqp_lab_outbox SET lease_owner"):
+        if sql.startswith("WITH heads AS MATERIALIZED"):
             rows = real_execute(self, "EXPLAIN " + sql, params).fetchall()
             plans.append("\n".join(str(r[0]) for r in rows))
         return real_execute(self, sql, params)
@@ -391,7 +394,7 @@ def test_a_postgresql_lease_reads_the_oldest_rows_in_order_not_the_whole_backlog
                 add(db, message_for(NAMES, {"n": n}), key=f"k-{n % 100}", notify=False)
         db.close()
         monkeypatch.setattr(HandlerDb, "execute", explaining)
-        store = OutboxStore(url)
+        store = OutboxStore(url, relay_session=relay_session)
         try:
             lease = store.lease("relay-1", 30.0, 50, 10**6)
         finally:
@@ -447,3 +450,43 @@ def test_a_postgresql_lease_reads_no_more_bodies_than_its_byte_budget(
     assert [row.message_id for row in lease.rows.values()] == ["m-0", "m-1", "m-2", "m-3"]
     assert [row.body for row in lease.rows.values()] == [big, small, big, small]
     assert sum(len(body) for body in returned) <= 2 * 250_000, [len(b) for b in returned]
+
+
+@pytest.mark.parametrize("relay_session", [False, True])
+def test_a_postgresql_lease_looks_past_a_key_whose_due_rows_fill_its_window(
+    relay_session: bool,
+) -> None:
+    """A lease looks at a window of one and a half times its rows, the oldest due first. A
+    key whose head was refused has its later rows due and no head among them; with more of
+    them than the window holds, every other key's rows were out of sight and the outbox
+    stalled behind the one key. The lease now skips such keys (and names them, for the relay
+    to skip a while), and tries their heads directly: a head retried sorts after its own due
+    rows (a lease of 3 rows: a window of 4)."""
+    with temp_database() as url:
+        OutboxStore(url).close()
+        db = psycopg.connect(url)
+        with transaction(db):
+            add(db, message_for(NAMES, {"n": 0}, message_id="head"), key="k", notify=False)
+            for n in range(12):
+                add(db, message_for(NAMES, {"n": n}, message_id=f"k{n}"), key="k", notify=False)
+        with transaction(db):
+            for n in range(4):
+                add(db, message_for(NAMES, {}, message_id=f"o{n}"), key=f"o{n}", notify=False)
+        db.close()
+        store = OutboxStore(url, relay_session=relay_session)
+        try:
+            first = store.lease("r", 30.0, 1, 10**6)
+            assert [row.message_id for row in first.rows.values()] == ["head"]
+            store.complete(
+                "r", [RowResult(r, Verdict.REFUSED, "refused", PARKED) for r in first.rows], False
+            )
+            others = store.lease("r", 30.0, 3, 10**6)
+            named = [[others.rows[r].message_id for r in chain] for chain in others.chains]
+            assert named == [["o0"], ["o1"], ["o2"]] and others.blocked == ["k"]
+            store.complete("r", [RowResult(r, Verdict.SENT) for r in others.rows], False)
+            assert store.retry("head") == 1  # due now: after its own later rows
+            again = store.lease("r", 30.0, 3, 10**6)
+            named = [[again.rows[r].message_id for r in chain] for chain in again.chains]
+            assert named == [["o3"], ["head", "k0"]] and again.blocked == []
+        finally:
+            store.close()

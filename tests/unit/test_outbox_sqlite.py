@@ -181,6 +181,34 @@ def test_a_refused_row_holds_only_its_key_until_its_retry_or_an_operator(
     assert ids(store, store.lease("r", 30, 100, 10**6)) == [["bad", "next"]]
 
 
+@pytest.mark.parametrize("hold", ["parked", "waiting", "scheduled"])
+def test_more_due_rows_behind_a_held_back_head_than_a_window_holds_stall_only_their_key(
+    path: Path, store: OutboxStore, clock: Clock, hold: str
+) -> None:
+    """A lease looks at a window of twice its rows (the oldest due ones). Rows of key k behind
+    a head that cannot go - refused and parked, refused and waiting, or not yet due - are due
+    but no heads; with more of them than the window holds, every later key's rows were out of
+    sight and the whole outbox stalled behind k (a lease of 3 rows: a window of 6)."""
+    due = clock.now + 60 if hold == "scheduled" else None
+    write(path, clock, ("head", "k", due), *((f"k{i}", "k", None) for i in range(20)))
+    write(path, clock, *((f"other{i}", f"o{i}", None) for i in range(4)))
+    if hold != "scheduled":
+        lease = store.lease("r", 30, 1, 10**6)
+        (head_id,) = lease.rows
+        wait = PARKED if hold == "parked" else 30.0
+        store.complete("r", [RowResult(head_id, Verdict.REFUSED, "refused", wait)], False)
+    lease = store.lease("r", 30, 3, 10**6)
+    assert ids(store, lease) == [["other0"], ["other1"], ["other2"]]
+    assert lease.blocked == ["k"]  # for the relay to skip a while
+    again = store.lease("r", 30, 3, 10**6, exclude=list(lease.rows), held=["o0", "o1", "o2"])
+    assert ids(store, again) == [["other3"]]
+    clock.now += 61  # the wait and the due time are over: k goes again, from its head
+    if hold == "parked":
+        assert store.retry("head") == 1
+    store.complete("r", [RowResult(r, Verdict.SENT) for r in [*lease.rows, *again.rows]], False)
+    assert ids(store, store.lease("r", 30, 3, 10**6)) == [["head", "k0", "k1"]]
+
+
 def test_discarding_a_refused_row_lets_its_key_go_on(
     path: Path, store: OutboxStore, clock: Clock
 ) -> None:

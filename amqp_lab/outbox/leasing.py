@@ -1,0 +1,382 @@
+"""A relay's leases (psycopg 3 or sqlite3): which rows a relay takes, how, and the windows
+it looks through past keys that hold back due rows.
+
+A lease takes the due heads (:mod:`amqp_lab.outbox.sql`) - ``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL, under SQLite's write lock there - and their keys' next ready rows as chains,
+writing ``lease_owner`` / ``lease_until`` and counting ``tries``; or, for keys the relay is
+publishing already, their next rows (a continuation). Every statement is fenced by the lease:
+a row another relay holds is never taken. :class:`~amqp_lab.outbox.store.OutboxStore` adds
+the outcomes, renewals and purges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from amqp_lab.dedup.arrays import array_literal
+from amqp_lab.dedup.base import HandlerDb
+from amqp_lab.outbox.admin import OutboxAdmin
+from amqp_lab.outbox.chains import Candidate, cut, plan
+from amqp_lab.outbox.db import number
+from amqp_lab.outbox.lease import Lease, leased_row
+from amqp_lab.outbox.sql import (
+    STATEMENT_CLOCK,
+    after_sql,
+    blocked_sql,
+    followers_sql,
+    heads_sql,
+    in_list,
+    lease_heads_sql,
+    lease_sql,
+    leased_rows_sql,
+)
+
+__all__ = ["LEASE_ROUNDS", "LeaseQueries"]
+
+T = TypeVar("T")
+
+LEASE_ROUNDS = 8
+"""Most windows one lease looks through (:func:`~amqp_lab.outbox.sql.blocked_sql`): each
+skips the keys that held back the last one's rows. The relay carries the keys found
+(:attr:`Lease.blocked`) into its next leases for a second, so a backlog behind many
+held-back keys is crossed lease by lease."""
+
+
+class LeaseQueries(OutboxAdmin):
+    """The lease statements of :class:`~amqp_lab.outbox.store.OutboxStore` (its arguments and
+    errors)."""
+
+    def lease(
+        self,
+        owner: str,
+        lease_seconds: float,
+        max_rows: int,
+        max_bytes: int,
+        exclude: Sequence[int] = (),
+        held: Sequence[str] = (),
+    ) -> Lease:
+        """Lease a batch for ``owner``: the oldest due heads (:mod:`amqp_lab.outbox.sql`) and
+        their keys' next ready rows as chains, at most ``max_rows`` rows and ``max_bytes``
+        bytes (at least one row), none of ``exclude`` and no key of ``held`` (the relay's rows
+        and keys in flight). An empty Lease when nothing is due."""
+
+        def work(db: HandlerDb) -> Lease:
+            args = (owner, lease_seconds, max_rows, max_bytes, exclude, held)
+            if self.relay_session:  # PostgreSQL: the lease's statement reads the clock
+                return self._lease_postgres(db, None, *args)
+            now = self._now(db, relaxed=True, lease=True)
+            if self.dialect == "postgresql":
+                return self._lease_postgres(db, now, *args)
+            lease = Lease(db_now=now, local_now=time.time())
+            skip_ids = list(exclude)
+
+            def take(keys: list[str], skip: list[str], limit: int) -> list[Candidate]:
+                found = self._heads(db, now, max_rows, limit, skip_ids, skip, keys)
+                skip_ids.extend(h.id for h in found)
+                return found
+
+            def blocked(skip: list[str]) -> tuple[list[str], list[str]]:
+                return self._blocked(db, now, 2 * max_rows, skip_ids, skip)
+
+            heads, lease.blocked = _rounds(take, blocked, lambda h: h.key, max_rows, held)
+            if not heads:
+                return lease
+            followers = self._followers(db, now, heads, max_rows, exclude)
+            chains = plan(heads, followers, max_rows, max_bytes)
+            return self._lease_chains(db, lease, owner, lease_seconds, chains)
+
+        return self._run("lease rows of", work)
+
+    def lease_after(
+        self,
+        owner: str,
+        lease_seconds: float,
+        after: dict[str, int],
+        max_rows: int,
+        max_bytes: int,
+    ) -> Lease:
+        """Lease the next rows of keys ``owner`` holds - after the row id ``after`` gives for
+        each - as one chain per key, up to each key's first row not ready, at most
+        ``max_rows`` rows and ``max_bytes`` bytes (at least one row). They are no heads, so no
+        other relay can take them; they are to go once the key's earlier rows are confirmed
+        (:meth:`amqp_lab.outbox.flight.Flight.start` defers them)."""
+
+        def work(db: HandlerDb) -> Lease:
+            now = self._now(db, relaxed=True, lease=True)
+            lease = Lease(db_now=now, local_now=time.time())
+            keys = sorted(after)
+            per_key = 1 + max(1, max_rows // max(1, len(keys)))
+            if self.dialect == "postgresql":
+                ids = [after[k] for k in keys]
+                params: tuple[Any, ...] = (array_literal(keys), array_literal(ids), per_key)
+                found = db.execute(after_sql(self.dialect), params).fetchall()
+            else:
+                found = []
+                for key in keys:
+                    rows = db.execute(after_sql(self.dialect), (key, after[key], per_key))
+                    found.extend(rows.fetchall())
+            by_key: dict[str, list[Any]] = {}
+            for r in found:
+                by_key.setdefault(str(r[1]), []).append(r)
+
+            def ready(r: Any) -> bool:
+                return number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
+
+            heads: list[Candidate] = []
+            followers: list[Candidate] = []
+            for key in keys:
+                rows = by_key.get(key, [])
+                if rows and ready(rows[0]):  # else the key's next row holds the rest
+                    heads.append(Candidate(int(rows[0][0]), key, int(number(rows[0][2]))))
+                    followers += [
+                        Candidate(int(r[0]), key, int(number(r[2])), ready(r)) for r in rows[1:]
+                    ]
+            chains = plan(heads, followers, max_rows, max_bytes) if heads else []
+            return self._lease_chains(db, lease, owner, lease_seconds, chains)
+
+        return self._run("lease rows of", work)
+
+    def _lease_chains(
+        self,
+        db: HandlerDb,
+        lease: Lease,
+        owner: str,
+        lease_seconds: float,
+        chains: list[list[int]],
+    ) -> Lease:
+        """Lease every row of ``chains`` still pending and unleased, and keep each chain up
+        to its first row the lease did not get (the rest released untried)."""
+        ids = [row_id for chain in chains for row_id in chain]
+        if not ids:
+            return lease
+        now = lease.db_now
+        sql, params = lease_sql(self.dialect, ids)
+        returned = db.execute(sql, (owner, now + lease_seconds, *params, now)).fetchall()
+        lease.rows = {row.id: row for row in map(leased_row, returned)}
+        lease.chains, released = cut(chains, set(lease.rows))
+        if released:
+            self._release(db, owner, released, untried=True)
+            for row_id in released:
+                lease.rows.pop(row_id, None)
+        return lease
+
+    def _lease_postgres(
+        self,
+        db: HandlerDb,
+        now: float | None,
+        owner: str,
+        lease_seconds: float,
+        max_rows: int,
+        max_bytes: int,
+        exclude: Sequence[int],
+        held: Sequence[str],
+    ) -> Lease:
+        """PostgreSQL's lease: the heads leased in one statement that returns their columns
+        (:func:`~amqp_lab.outbox.sql.lease_heads_sql`: a head's body only within the batch's
+        share of the byte budget), then their keys' next rows when the batch has room (by
+        :func:`~amqp_lab.outbox.sql.lease_sql`); heads beyond the byte budget are released
+        untried, larger ones kept are read whole. ``now``: the database's clock read before,
+        or None: the heads' statement reads it (a relay's session; an empty Lease then has
+        ``db_now`` 0)."""
+        scan = max_rows + max_rows // 2
+        share = max(1, max_bytes // max(1, max_rows))
+        local = time.time()
+        clock: list[float] = [] if now is None else [now]
+
+        def take(keys: list[str], skip: list[str], limit: int) -> list[Any]:
+            found = self._lease_heads(db, clock, owner, lease_seconds, exclude, skip, keys)(
+                scan, limit, share
+            )
+            if found and not clock:
+                clock.append(number(found[0][-1]))
+            return found
+
+        def blocked_of(skip: list[str]) -> tuple[list[str], list[str]]:
+            return self._blocked(db, clock[0] if clock else None, scan, exclude, skip)
+
+        returned, blocked = _rounds(take, blocked_of, lambda r: r[2], max_rows, held)
+        now = clock[0] if clock else None
+        if now is None:  # nothing leased
+            return Lease(local_now=local, blocked=blocked)
+        lease, until = Lease(db_now=now, local_now=local, blocked=blocked), now + lease_seconds
+        # LEASED_COLUMNS, then size and available_at: oldest first
+        leased = sorted(returned, key=lambda r: (number(r[14]), int(r[0])))
+        heads = [Candidate(int(r[0]), r[2], int(number(r[13]))) for r in leased]
+        if not heads:
+            return lease
+        columns = {int(r[0]): r for r in leased}
+        followers = self._followers(db, now, heads, max_rows, exclude)
+        chains = plan(heads, followers, max_rows, max_bytes)
+        return self._keep(db, lease, owner, until, heads, columns, chains, share)
+
+    def _keep(
+        self,
+        db: HandlerDb,
+        lease: Lease,
+        owner: str,
+        until: float,
+        heads: list[Candidate],
+        columns: dict[int, Any],
+        chains: list[list[int]],
+        share: int,
+    ) -> Lease:
+        """PostgreSQL: lease the chains' rows after their heads, release the heads the
+        batch does not keep, read the kept heads larger than ``share``, and fill ``lease``."""
+        now = lease.db_now
+        kept = {row_id for chain in chains for row_id in chain}
+        got = set(kept) & {h.id for h in heads}
+        more = [row_id for row_id in kept if row_id not in got]
+        if more:
+            sql, params = lease_sql(self.dialect, more)
+            returned = db.execute(sql, (owner, until, *params, now)).fetchall()
+            columns.update((int(r[0]), r) for r in returned)
+            got |= {int(r[0]) for r in returned}
+        lease.chains, released = cut(chains, got)
+        released += [h.id for h in heads if h.id not in kept]
+        if released:
+            self._release(db, owner, released, untried=True)
+        keep = [row_id for chain in lease.chains for row_id in chain]
+        kept_now = set(keep)
+        large = [h.id for h in heads if h.size > share and h.id in kept_now]
+        if large:  # kept heads whose headers and body the lease did not return
+            sql, params = leased_rows_sql(large)
+            columns.update((int(r[0]), r) for r in db.execute(sql, (*params, owner)).fetchall())
+        lease.rows = {row_id: leased_row(columns[row_id]) for row_id in keep}
+        return lease
+
+    def _lease_heads(
+        self,
+        db: HandlerDb,
+        clock: list[float],
+        owner: str,
+        lease_seconds: float,
+        exclude: Sequence[int],
+        skip: list[str],
+        keys: list[str],
+    ) -> Callable[[int, int, int], list[Any]]:
+        """One statement of :func:`~amqp_lab.outbox.sql.lease_heads_sql` - of ``keys``' heads
+        or of the window without the keys in ``skip`` - as a call of ``(scan, limit,
+        share)``; the clock is ``clock``'s one value, or the statement's own."""
+        at = clock[0] if clock else None
+        sql, lists = lease_heads_sql(exclude, skip, STATEMENT_CLOCK if at is None else "?", keys)
+
+        def run(scan: int, limit: int, share: int) -> list[Any]:
+            if at is None:  # (lists, [scan], limit, owner, seconds, share, share)
+                window = () if keys else (scan,)
+                params = (*lists, *window, limit, owner, lease_seconds, share, share)
+            else:  # (keys, now | now, now, lists, scan), now, limit, owner, until, now, ...
+                heads = (*lists, at) if keys else (at, at, *lists, scan)
+                params = (*heads, at, limit, owner, at + lease_seconds, at, share, share)
+            found: list[Any] = db.execute(sql, params).fetchall()
+            return found
+
+        return run
+
+    def _followers(
+        self,
+        db: HandlerDb,
+        now: float,
+        heads: list[Candidate],
+        max_rows: int,
+        exclude: Sequence[int],
+    ) -> list[Candidate]:
+        """The heads' keys' next pending rows, when the batch has room for them."""
+        keys = sorted({h.key for h in heads if h.key is not None})
+        if not keys or len(heads) >= max_rows:
+            return []
+        per_key = 1 + max(1, max_rows // len(heads))
+        sql, params = followers_sql(self.dialect, keys)
+        skip = set(exclude)
+        found = []
+        for r in db.execute(sql, (*params, per_key)).fetchall():
+            ready = number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
+            found.append(Candidate(int(r[0]), r[1], int(number(r[2])), ready and r[0] not in skip))
+        return found
+
+    def _heads(
+        self,
+        db: HandlerDb,
+        now: float,
+        max_rows: int,
+        limit: int,
+        exclude: Sequence[int],
+        held: Sequence[str],
+        keys: Sequence[str] = (),
+    ) -> list[Candidate]:
+        """SQLite: at most ``limit`` due heads, oldest first, in a window of ``2 *
+        max_rows`` - or among the heads of ``keys`` (:func:`~amqp_lab.outbox.sql.heads_sql`)."""
+        sql, params = heads_sql(self.dialect, exclude, held, keys=keys)
+        if keys:
+            params = (*params, now, now, limit)
+        else:
+            params = (now, now, *params, 2 * max_rows, now, limit)
+        rows = db.execute(sql, params).fetchall()
+        return [
+            Candidate(int(r[0]), r[1] if isinstance(r[1], str) else None, int(number(r[2])))
+            for r in rows
+        ]
+
+    def _blocked(
+        self,
+        db: HandlerDb,
+        now: float | None,
+        scan: int,
+        exclude: Sequence[int],
+        held: Sequence[str],
+    ) -> tuple[list[str], list[str]]:
+        """The keys holding back rows of the lease's window of ``scan`` rows, and those of
+        them whose head can be leased now (:func:`~amqp_lab.outbox.sql.blocked_sql`);
+        ``now`` None: the statement's clock."""
+        if now is None:
+            sql, params = blocked_sql(self.dialect, exclude, held, STATEMENT_CLOCK)
+            params = (*params, scan, scan)
+        else:
+            sql, params = blocked_sql(self.dialect, exclude, held)
+            params = (now, now, *params, scan, scan, now, now)
+        rows = sorted((str(r[0]), bool(r[1])) for r in db.execute(sql, params).fetchall())
+        return [key for key, _ in rows], [key for key, ready in rows if ready]
+
+    def _release(self, db: HandlerDb, owner: str, ids: Sequence[int], untried: bool) -> None:
+        chosen, params = in_list(self.dialect, "id", ids)
+        tries = ", tries = CASE WHEN tries > 0 THEN tries - 1 ELSE 0 END" if untried else ""
+        db.execute(
+            f"UPDATE amqp_lab_outbox SET lease_owner = NULL, lease_until = NULL{tries}"
+            f" WHERE {chosen} AND lease_owner = ?",
+            (*params, owner),
+        )
+
+
+def _rounds(
+    take: Callable[[list[str], list[str], int], list[T]],
+    blocked_of: Callable[[list[str]], tuple[list[str], list[str]]],
+    key_of: Callable[[T], str | None],
+    max_rows: int,
+    held: Sequence[str],
+) -> tuple[list[T], list[str]]:
+    """A lease's heads, window after window (at most :data:`LEASE_ROUNDS`): ``take(keys,
+    skip, limit)`` takes at most ``limit`` heads - of ``keys`` when given, else of the
+    window without the keys in ``skip``. After a window short of ``max_rows``,
+    ``blocked_of(skip)`` names the keys holding back its rows, and those of them whose head
+    can go now (a key's head retried or falling due sorts after its own due rows): those
+    heads are tried directly, and the next window skips every such key. Returns the heads
+    and the keys still holding back rows."""
+    heads: list[T] = []
+    skip, blocked, ready = list(held), list[str](), list[str]()
+    for _ in range(LEASE_ROUNDS):
+        for keys in (ready, []) if ready else ([],):
+            found = take(keys, skip, max_rows - len(heads))
+            heads += found
+            if len(heads) >= max_rows:
+                break
+            skip += [k for k in map(key_of, found) if k is not None]
+        if len(heads) >= max_rows:
+            break
+        found_blocked, ready = blocked_of(skip)
+        if not found_blocked:
+            break
+        blocked += found_blocked
+        skip += found_blocked
+    mine = {key_of(h) for h in heads}
+    return heads, [k for k in blocked if k not in mine]
