@@ -144,9 +144,18 @@ class Flight:
         """The rows of the batches not finished (their leases are to be renewed)."""
         return [r for b in self.batches.values() for r in b.lease.rows]
 
-    def stuck(self, now: float, timeout: float) -> Batch | None:
-        """A batch in flight for more than ``timeout`` seconds (monotonic ``now``), if any."""
-        return next((b for b in self.batches.values() if now - b.started > timeout), None)
+    def drop_stuck(self, now: float, timeout: float) -> None:
+        """When a batch has been in flight for more than ``timeout`` seconds (monotonic
+        ``now``), drop the publisher: what it has not confirmed fails (lost) and goes again."""
+        stuck = next((b for b in self.batches.values() if now - b.started > timeout), None)
+        if stuck is not None:
+            log.warning(
+                "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
+                "replaced and its rows go again",
+                len(stuck.lease.rows),
+                now - stuck.started,
+            )
+            self.drop_publisher()
 
     def start(
         self,

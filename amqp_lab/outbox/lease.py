@@ -18,13 +18,19 @@ class Lease:
     ``db_now`` (the database's clock at the lease) and ``local_now`` (``time.time()`` then:
     their difference turns a local confirm time into the database's); ``blocked``: the keys
     found holding back due rows - their head refused, parked, not yet due or another relay's
-    (:func:`~amqp_lab.outbox.sql.blocked_sql`) - for the relay to skip for a while."""
+    (:func:`~amqp_lab.outbox.sql.blocked_sql`) - for the relay to skip for a while (a key
+    whose head could go but did not fit the batch, or lost it to another relay, is among them
+    too: it waits that while); ``more_behind``: the lease stopped after
+    :data:`~amqp_lab.outbox.leasing.LEASE_ROUNDS` windows with its window still full of held-back
+    rows, so due rows of other keys may lie beyond it - the relay leases again at once,
+    skipping ``blocked``."""
 
     rows: dict[int, OutboxRow] = field(default_factory=dict)
     chains: list[list[int]] = field(default_factory=list)
     db_now: float = 0.0
     local_now: float = 0.0
     blocked: list[str] = field(default_factory=list)
+    more_behind: bool = False
 
 
 def leased_row(values: Sequence[Any]) -> OutboxRow:

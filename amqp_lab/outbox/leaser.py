@@ -75,7 +75,9 @@ def lease_once(store: OutboxStore, request: LeaseRequest) -> LeaseResult:
         lease = store.lease(r.owner, r.seconds, r.max_rows, r.max_bytes, r.exclude, r.held)
         continuation = False
         if not lease.rows and r.tails:
+            heads = lease
             lease = store.lease_after(r.owner, r.seconds, dict(r.tails), r.max_rows, r.max_bytes)
+            lease.blocked, lease.more_behind = heads.blocked, heads.more_behind
             continuation = True
         wait = None if lease.rows else store.next_due(r.exclude)
     except OutboxError as e:
@@ -103,17 +105,21 @@ def stale_chains(result: LeaseResult, failed: Set[str]) -> set[int]:
 class HeldBack:
     """The keys a relay's last leases found holding back due rows (:attr:`Lease.blocked`),
     which its next leases skip; forgotten together ``ttl`` seconds after the first was
-    found, so a key whose refused head's retry comes, or whose scheduled head falls due, is
-    looked at again within that."""
+    found, or after the last lease that ran out of rounds (``extend``: leases crossing a long
+    backlog keep every key found until they are through), so a key whose refused head's
+    retry comes, or whose scheduled head falls due, is looked at again within that."""
 
     def __init__(self) -> None:
         self._keys: set[str] = set()
         self._until = 0.0
 
-    def add(self, keys: list[str], now: float, ttl: float) -> None:
-        """Remember ``keys`` (``now``: monotonic seconds)."""
+    def add(self, keys: list[str], now: float, ttl: float, extend: bool = False) -> None:
+        """Remember ``keys`` (``now``: monotonic seconds; ``ttl``: seconds); ``extend``: keep
+        every key remembered until ``ttl`` after ``now``."""
         if keys and not self._keys:
             self._until = now + ttl
+        elif extend:
+            self._until = max(self._until, now + ttl)
         self._keys.update(keys)
 
     def keys(self, now: float) -> tuple[str, ...]:

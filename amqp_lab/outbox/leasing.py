@@ -40,8 +40,9 @@ T = TypeVar("T")
 LEASE_ROUNDS = 8
 """Most windows one lease looks through (:func:`~amqp_lab.outbox.sql.blocked_sql`): each
 skips the keys that held back the last one's rows. The relay carries the keys found
-(:attr:`Lease.blocked`) into its next leases for a second, so a backlog behind many
-held-back keys is crossed lease by lease."""
+(:attr:`Lease.blocked`) into its next leases for a second, and while a lease runs out of
+rounds (:attr:`Lease.more_behind`) it leases again at once and keeps them all, so a backlog
+behind many held-back keys is crossed lease by lease."""
 
 
 class LeaseQueries(OutboxAdmin):
@@ -80,7 +81,9 @@ class LeaseQueries(OutboxAdmin):
             def blocked(skip: list[str]) -> tuple[list[str], list[str]]:
                 return self._blocked(db, now, 2 * max_rows, skip_ids, skip)
 
-            heads, lease.blocked = _rounds(take, blocked, lambda h: h.key, max_rows, held)
+            heads, lease.blocked, lease.more_behind = _rounds(
+                take, blocked, lambda h: h.key, max_rows, held
+            )
             if not heads:
                 return lease
             followers = self._followers(db, now, heads, max_rows, exclude)
@@ -99,9 +102,12 @@ class LeaseQueries(OutboxAdmin):
     ) -> Lease:
         """Lease the next rows of keys ``owner`` holds - after the row id ``after`` gives for
         each - as one chain per key, up to each key's first row not ready, at most
-        ``max_rows`` rows and ``max_bytes`` bytes (at least one row). They are no heads, so no
-        other relay can take them; they are to go once the key's earlier rows are confirmed
-        (:meth:`amqp_lab.outbox.flight.Flight.start` defers them)."""
+        ``max_rows`` rows and ``max_bytes`` bytes (at least one row). While the key's earlier
+        rows are leased they are no heads, so no other relay can take them; once those are
+        recorded meanwhile (a lease run ahead), the first is a head, and the lease's own
+        fence (unleased or expired rows only) keeps a row to one relay. They are to go once
+        the key's earlier rows are confirmed (:meth:`amqp_lab.outbox.flight.Flight.start`
+        defers them)."""
 
         def work(db: HandlerDb) -> Lease:
             now = self._now(db, relaxed=True, lease=True)
@@ -196,11 +202,12 @@ class LeaseQueries(OutboxAdmin):
         def blocked_of(skip: list[str]) -> tuple[list[str], list[str]]:
             return self._blocked(db, clock[0] if clock else None, scan, exclude, skip)
 
-        returned, blocked = _rounds(take, blocked_of, lambda r: r[2], max_rows, held)
+        returned, blocked, more = _rounds(take, blocked_of, lambda r: r[2], max_rows, held)
         now = clock[0] if clock else None
         if now is None:  # nothing leased
-            return Lease(local_now=local, blocked=blocked)
-        lease, until = Lease(db_now=now, local_now=local, blocked=blocked), now + lease_seconds
+            return Lease(local_now=local, blocked=blocked, more_behind=more)
+        lease = Lease(db_now=now, local_now=local, blocked=blocked, more_behind=more)
+        until = now + lease_seconds
         # LEASED_COLUMNS, then size and available_at: oldest first
         leased = sorted(returned, key=lambda r: (number(r[14]), int(r[0])))
         heads = [Candidate(int(r[0]), r[2], int(number(r[13]))) for r in leased]
@@ -354,17 +361,19 @@ def _rounds(
     key_of: Callable[[T], str | None],
     max_rows: int,
     held: Sequence[str],
-) -> tuple[list[T], list[str]]:
+) -> tuple[list[T], list[str], bool]:
     """A lease's heads, window after window (at most :data:`LEASE_ROUNDS`): ``take(keys,
     skip, limit)`` takes at most ``limit`` heads - of ``keys`` when given, else of the
     window without the keys in ``skip``. After a window short of ``max_rows``,
     ``blocked_of(skip)`` names the keys holding back its rows, and those of them whose head
     can go now (a key's head retried or falling due sorts after its own due rows): those
-    heads are tried directly, and the next window skips every such key. Returns the heads
-    and the keys still holding back rows."""
+    heads are tried directly, and the next window skips every such key. Returns the heads,
+    the keys still holding back rows, and whether the rounds ran out with the last window
+    still full of held-back rows (what lies beyond it is for the next lease)."""
     heads: list[T] = []
     skip, blocked, ready = list(held), list[str](), list[str]()
-    for _ in range(LEASE_ROUNDS):
+    more = False
+    for round_no in range(LEASE_ROUNDS):
         for keys in (ready, []) if ready else ([],):
             found = take(keys, skip, max_rows - len(heads))
             heads += found
@@ -378,5 +387,6 @@ def _rounds(
             break
         blocked += found_blocked
         skip += found_blocked
+        more = round_no == LEASE_ROUNDS - 1
     mine = {key_of(h) for h in heads}
-    return heads, [k for k in blocked if k not in mine]
+    return heads, [k for k in blocked if k not in mine], more

@@ -1,10 +1,12 @@
 """The relay: publishes committed outbox rows with publisher confirms and ``mandatory``.
 
-One loop on one thread: lease a batch (:meth:`~amqp_lab.outbox.store.OutboxStore.lease`),
-hand each chain's first row to a :class:`~amqp_lab.publishing.pipelined.PipelinedPublisher`
-(its confirm callbacks come back through a queue), hand a key's next row over once the
-previous one is confirmed (:class:`~amqp_lab.outbox.chains.ChainRun`), and record every
-row's outcome once its batch is settled (:meth:`~amqp_lab.outbox.store.OutboxStore.complete`).
+One loop on one thread (on PostgreSQL its leases run ahead on a thread of their own,
+:class:`~amqp_lab.outbox.leaser.Leaser`): lease a batch
+(:meth:`~amqp_lab.outbox.store.OutboxStore.lease`), hand each chain's first row to a
+:class:`~amqp_lab.publishing.pipelined.PipelinedPublisher` (its confirm callbacks come back
+through a queue), hand a key's next row over once the previous one is confirmed
+(:class:`~amqp_lab.outbox.chains.ChainRun`), and record every row's outcome once its batch is
+settled (:meth:`~amqp_lab.outbox.store.OutboxStore.complete`).
 Up to ``batches`` batches are in flight, so leasing and recording overlap publishing.
 
 What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
@@ -35,11 +37,11 @@ from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.flight import Flight
 from amqp_lab.outbox.leaser import HeldBack, Leaser, LeaseRequest, stale_chains
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig, RelayObserver, RelayReport
+from amqp_lab.outbox.outage import StoreOutage
 from amqp_lab.outbox.outcomes import describe
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.outbox.wake import NotifyListener, RelayLock
 from amqp_lab.publishing.observer import NO_PUBLISHER_OBSERVER, PublisherObserver
-from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import BrokerSettings
 
 __all__ = ["OutboxRelay"]
@@ -80,8 +82,7 @@ class OutboxRelay:
         self._listener: NotifyListener | None = None
         self._lock: RelayLock | None = None
         self._next_lease = 0.0  # monotonic: lease again from then on
-        self._store_ok_at = 0.0  # monotonic: the store's backoff ends
-        self._store_failures = 0
+        self._outage = StoreOutage()
         self._next_status = 0.0
         self._next_renew = 0.0
         self._started = 0.0
@@ -89,6 +90,9 @@ class OutboxRelay:
         self._leaser = Leaser(None, self._on_outcome)  # inline until _open knows the database
         self._recorded_since_lease = False  # a batch recorded while a lease was out
         self._held_back = HeldBack()
+        # a lease failed part way: on a relay's session each statement commits on its own, so
+        # heads leased before the failure stay leased to this relay until released
+        self._release_owed = False
 
     @property
     def sent(self) -> int:
@@ -173,8 +177,8 @@ class OutboxRelay:
             try:
                 self._store = OutboxStore(self.outbox, clock=self.clock, relay_session=True)
             except OutboxUnavailable as e:
-                self._store_down(e)
-                self._stopping.wait(max(0.0, self._store_ok_at - time.monotonic()))
+                self._outage.down(e)
+                self._stopping.wait(max(0.0, self._outage.ok_at - time.monotonic()))
         store = self._store
         if store is None:
             return
@@ -214,16 +218,16 @@ class OutboxRelay:
         """Record finished batches' outcomes, oldest first; False when the store is down."""
         store = self._store
         waiting = self.flight.unrecorded
-        if not waiting or store is None or time.monotonic() < self._store_ok_at:
+        if not waiting or store is None or self._outage.waiting(time.monotonic()):
             return False
         while waiting:
             results = list(waiting[0].results.values())
             try:
                 store.complete(self.relay_id, results, self.config.keep_sent > 0)
             except OutboxUnavailable as e:
-                self._store_down(e)
+                self._outage.down(e)
                 return False
-            self._store_up()
+            self._outage.up()
             waiting.pop(0)
             self._next_lease = 0.0  # the keys it held may have rows ready now
             self._recorded_since_lease = True
@@ -239,9 +243,10 @@ class OutboxRelay:
             or self._stopping.is_set()
             or self._leaser.pending
             or len(self.flight.batches) >= self.config.batches
-            or now < self._store_ok_at
+            or self._outage.waiting(now)
             or (now < self._next_lease and not self._notified.is_set())
             or not self._hold_lock(store)
+            or not self._release_leftovers(store)
             or not self._ensure_publisher()
         ):
             return False
@@ -269,16 +274,17 @@ class OutboxRelay:
             return False
         if result.error is not None:
             if isinstance(result.error, OutboxUnavailable):
-                self._store_down(result.error)
+                self._outage.down(result.error)
+                self._release_owed = True
                 return False
             raise result.error
-        self._store_up()
+        self._outage.up()
         if self._stopping.is_set():
             return False  # its rows are released with the rest (release_all)
         now, cfg, lease = time.monotonic(), self.config, result.lease
         store = self._store
         poll = self._poll(store) if store is not None else 1.0
-        self._held_back.add(lease.blocked, now, min(1.0, poll))
+        self._held_back.add(lease.blocked, now, min(1.0, poll), extend=lease.more_behind)
         if not lease.rows:
             # nothing leasable: lease again at the next due time if it comes before the poll.
             # Rows due already are held - behind a key's leased head, or leased - and become
@@ -286,16 +292,33 @@ class OutboxRelay:
             # relay's lease expires (the poll): leasing in between would spin on the database
             wait = result.next_due
             ahead = poll if wait is None or wait <= 0 else min(poll, wait)
-            self._next_lease = 0.0 if self._recorded_since_lease else now + ahead
+            again = self._recorded_since_lease or lease.more_behind  # the window was full
+            self._next_lease = 0.0 if again else now + ahead
             return False
         if not self.flight.batches:
             self._next_renew = now + cfg.lease / 3
-        if len(lease.rows) < cfg.batch_rows and not self._recorded_since_lease:
+        if lease.more_behind:  # the window was full: what lies beyond it is for the next lease
+            self._next_lease = 0.0
+        elif len(lease.rows) < cfg.batch_rows and not self._recorded_since_lease:
             # the due rows are exhausted: the next lease waits for this batch to be recorded
             # (its keys' next rows become heads then), a NOTIFY or the poll
             self._next_lease = now + poll
         stale = stale_chains(result, self.flight.failed_keys)
         self.flight.start(lease, stale, self._lease if self._leaser.threaded else None)
+        return True
+
+    def _release_leftovers(self, store: OutboxStore) -> bool:
+        """After a lease that failed part way, release every lease this relay holds but its
+        batches' rows (no lease is out now, so none is taken from under the leaser); False
+        while the database is still down."""
+        if not self._release_owed:
+            return True
+        try:
+            store.release_all(self.relay_id, keep=self.flight.held())
+        except OutboxUnavailable as e:
+            self._outage.down(e)
+            return False
+        self._release_owed = False
         return True
 
     def _poll(self, store: OutboxStore) -> float:
@@ -308,9 +331,6 @@ class OutboxRelay:
         """A working publisher (:meth:`Flight.ensure_publisher`). Raises the broker's refusal
         of the credentials or the vhost."""
         return self.flight.ensure_publisher(self.settings, self.publisher_observer)
-
-    def _drop_publisher(self) -> None:
-        self.flight.drop_publisher()
 
     def _hold_lock(self, store: OutboxStore) -> bool:
         """SQLite: whether this relay holds the one-relay lock (taking it when free, then
@@ -325,7 +345,7 @@ class OutboxRelay:
             released = store.reset_leases()
         except OutboxUnavailable as e:
             lock.release()
-            self._store_down(e)
+            self._outage.down(e)
             return False
         except OSError as e:
             raise OutboxError(f"cannot open the relay lock {lock.path}: {e}") from e
@@ -335,7 +355,7 @@ class OutboxRelay:
     # --- housekeeping ----------------------------------------------------------------------------
     def _housekeeping(self) -> None:
         store, now = self._store, time.monotonic()
-        if store is None or now < self._store_ok_at:
+        if store is None or self._outage.waiting(now):
             return
         try:
             if self.flight.batches and now >= self._next_renew:
@@ -348,42 +368,23 @@ class OutboxRelay:
                 if self.config.keep_sent > 0:
                     store.purge_sent(store.now() - self.config.keep_sent)
         except OutboxUnavailable as e:
-            self._store_down(e)
-        stuck = self.flight.stuck(now, self.config.publish_timeout)
-        if stuck is not None:
-            log.warning(
-                "a batch of %d rows has waited %.0f s for its confirms: the publisher is "
-                "replaced and its rows go again",
-                len(stuck.lease.rows),
-                now - stuck.started,
-            )
-            self._drop_publisher()
-
-    def _store_down(self, error: BaseException) -> None:
-        self._store_failures += 1
-        delay = full_jitter(min(self._store_failures, 8), 0.2, 5.0)
-        self._store_ok_at = time.monotonic() + max(0.05, delay)
-        if self._store_failures == 1:
-            log.warning("the outbox database is unavailable (%s); retrying", describe(error))
-
-    def _store_up(self) -> None:
-        if self._store_failures:
-            log.warning("the outbox database is back")
-        self._store_failures = 0
+            self._outage.down(e)
+        self.flight.drop_stuck(now, self.config.publish_timeout)
 
     # --- the end ---------------------------------------------------------------------------------
     def _shutdown(self) -> None:
         deadline = time.monotonic() + self.config.drain_timeout
-        self._leaser.close(self.config.drain_timeout)  # a lease it took is released below
         while self.flight.batches and time.monotonic() < deadline:
             self.flight.take_outcomes()
             self._wake.wait(0.05)
             self._wake.clear()
-        self._drop_publisher()  # what is still in flight fails now: lost
+        # a lease still out is waited for (its rows are released below), at least a second
+        self._leaser.close(max(1.0, deadline - time.monotonic()))
+        self.flight.drop_publisher()  # what is still in flight fails now: lost
         self.flight.give_up()
         store = self._store
         while store is not None and self.flight.unrecorded and time.monotonic() < deadline:
-            self._store_ok_at = 0.0
+            self._outage.ok_at = 0.0
             if not self._record():
                 time.sleep(0.2)
         if store is not None:

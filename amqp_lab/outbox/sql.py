@@ -1,10 +1,11 @@
 """The relay's SQL, per dialect (pure: strings, no I/O).
 
 Every statement uses ``?`` placeholders (:class:`~amqp_lab.dedup.HandlerDb` rewrites them for
-psycopg). ``now`` is always a parameter: the time the relay read from the database's clock at
-the start of its transaction (PostgreSQL: the server's, so relays on several hosts agree) or
-the host's (SQLite). Lists of ids are a ``bigint[]`` parameter on PostgreSQL and expanded
-placeholders on SQLite (:func:`in_list`).
+psycopg). ``now`` is a parameter - the time the relay read from the database's clock at the
+start of its transaction (PostgreSQL: the server's, so relays on several hosts agree) or the
+host's (SQLite) - but in the lease statements of a relay's session, which read the server's
+clock themselves (:data:`STATEMENT_CLOCK`). Lists of ids are a ``bigint[]`` parameter on
+PostgreSQL and expanded placeholders on SQLite (:func:`in_list`).
 
 The heads query (:func:`heads_sql`) is the lease's heart, bound by indexes whatever the
 backlog: among the oldest due rows no live lease holds (the ``(available_at, id)`` index), the

@@ -23,10 +23,11 @@ import pytest
 
 from amqp_lab.connection import open_channel
 from amqp_lab.dedup.handler_db import HandlerDb
-from amqp_lab.errors import UnencodableMessage
+from amqp_lab.errors import OutboxUnavailable, UnencodableMessage
 from amqp_lab.fieldtable import TaggedInt
 from amqp_lab.message import message_for
 from amqp_lab.outbox import CancelResult, add, cancel
+from amqp_lab.outbox.leasing import LEASE_ROUNDS, LeaseQueries
 from amqp_lab.outbox.observer import RelayConfig, RelayReport
 from amqp_lab.outbox.outcomes import PARKED, RowResult, Verdict
 from amqp_lab.outbox.relay import OutboxRelay
@@ -336,6 +337,71 @@ def test_a_relay_that_dies_holding_a_lease_delays_its_rows_and_loses_none(
     assert ids_in(topology) == ["k-0", "k-1", "k-2"]
     if outbox.startswith("postgresql"):
         assert time.monotonic() - started >= 1.5  # waited for the lease to expire
+
+
+def test_a_relay_crosses_more_held_back_keys_than_one_lease_looks_past(
+    topology: BrokerSettings, outbox: str
+) -> None:
+    """Ten keys, each with a parked head and more due rows behind it than a lease's window
+    holds (batches of 2: a window of 4 on SQLite, 3 on PostgreSQL), all older than key z's
+    one row. A lease crosses LEASE_ROUNDS (8) such keys; the relay leases again at once,
+    skipping them, instead of starting over at the first window after its poll - which
+    never reached z."""
+    assert LEASE_ROUNDS < 10
+
+    def write(*names: tuple[str, str]) -> None:
+        db = connect(outbox)
+        with transaction(db):
+            for message_id, key in names:
+                add(db, message_for(NAMES, {}, message_id=message_id), key=key)
+        db.close()
+
+    write(*((f"b{k}-0", f"b{k}") for k in range(10)))
+    store = OutboxStore(outbox)
+    try:
+        heads = store.lease("an-operator", 30, 10, 10**6)
+        assert sorted(r.message_id for r in heads.rows.values()) == [f"b{k}-0" for k in range(10)]
+        parked = [RowResult(r, Verdict.REFUSED, "x", PARKED) for r in heads.rows]
+        store.complete("an-operator", parked, False)
+    finally:
+        store.close()
+    write(*((f"b{k}-{n}", f"b{k}") for k in range(10) for n in range(1, 6)))
+    write(("z", "z"))
+    reports = relay_until_idle(topology, outbox, batch_rows=2)
+    assert [(r.message_id, r.outcome) for r in reports] == [("z", "sent")]
+    assert ids_in(topology) == ["z"]
+
+
+def test_a_lease_that_fails_part_way_leaves_no_rows_leased_to_the_relay(
+    topology: BrokerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a relay's session runs each statement of a lease as its own transaction,
+    so when the database fails after the heads were leased (here: reading their keys' next
+    rows), those heads stay leased to the relay. It releases them before its next lease -
+    without that they waited for their lease to expire (30 s), and the relay sat idle."""
+    followers = LeaseQueries._followers
+    failures: list[int] = []
+
+    def fails_once(self: LeaseQueries, *args: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise OutboxUnavailable("the server closed the connection")
+        return followers(self, *args)
+
+    monkeypatch.setattr(LeaseQueries, "_followers", fails_once)
+    with temp_database() as url:
+        OutboxStore(url).close()
+        db = connect(url)
+        with transaction(db):
+            for n in range(8):
+                add(db, message_for(NAMES, {"n": n}, message_id=f"m{n}"), key=f"k{n % 4}")
+        db.close()
+        reports = relay_until_idle(topology, url, lease=30.0)
+        assert failures == [1]
+        assert sorted(r.message_id for r in reports if r.outcome == "sent") == [
+            f"m{n}" for n in range(8)
+        ]
+        assert OutboxStore(url).status().pending == 0
 
 
 def test_the_relay_command_says_what_it_does_and_refuses_in_one_line(

@@ -144,9 +144,11 @@ def test_a_lease_takes_heads_else_the_continuation_else_the_next_due_time() -> N
     heads = FakeStore(_lease(("k", [5])))
     result = lease_once(cast(OutboxStore, heads), REQUEST)
     assert (heads.calls, result.continuation, result.next_due) == (["lease"], False, None)
-    follow = FakeStore(Lease(), _lease(("k", [5])))
+    follow = FakeStore(Lease(blocked=["b"], more_behind=True), _lease(("k", [5])))
     result = lease_once(cast(OutboxStore, follow), REQUEST)
     assert (follow.calls, result.continuation) == (["lease", "lease_after"], True)
+    # what the heads' lease found holding back rows is the relay's to skip all the same
+    assert (result.lease.blocked, result.lease.more_behind) == (["b"], True)
     idle = FakeStore(Lease())
     result = lease_once(cast(OutboxStore, idle), REQUEST)
     assert idle.calls == ["lease", "lease_after", "next_due"] and result.next_due == 3.0
@@ -218,8 +220,8 @@ def test_a_lease_looks_past_held_back_keys_and_tries_the_heads_that_can_go() -> 
     def blocked_of(skip: list[str]) -> tuple[list[str], list[str]]:
         return ([], []) if "k" in skip else (["j", "k"], ["j"])
 
-    heads, blocked = _rounds(take, blocked_of, lambda h: h.split("-")[0], 10, ["held"])
-    assert heads == ["j-head", "o1"]
+    heads, blocked, more = _rounds(take, blocked_of, lambda h: h.split("-")[0], 10, ["held"])
+    assert heads == ["j-head", "o1"] and more is False  # the third window held nothing back
     assert calls == [([], ["held"]), (["j"], ["held", "j", "k"]), ([], ["held", "j", "k", "j"])]
     assert blocked == ["k"]  # j is this lease's now
 
@@ -234,10 +236,11 @@ def test_a_lease_stops_after_its_rounds_or_a_full_batch() -> None:
     def endless(skip: list[str]) -> tuple[list[str], list[str]]:
         return [f"k{len(skip)}"], []
 
-    heads, blocked = _rounds(take, endless, lambda h: h, 5, [])
+    heads, blocked, more = _rounds(take, endless, lambda h: h, 5, [])
     assert heads == [] and len(taken) == LEASE_ROUNDS and len(blocked) == LEASE_ROUNDS
-    full, _ = _rounds(lambda k, s, n: ["a", "b"][:n], endless, lambda h: h, 2, [])
-    assert full == ["a", "b"]
+    assert more is True  # the last window was still full: the relay leases again at once
+    full, _, more = _rounds(lambda k, s, n: ["a", "b"][:n], endless, lambda h: h, 2, [])
+    assert full == ["a", "b"] and more is False
 
 
 def test_held_back_keys_are_skipped_until_forgotten_together() -> None:
@@ -250,3 +253,17 @@ def test_held_back_keys_are_skipped_until_forgotten_together() -> None:
     assert held.keys(11.0) == ()
     held.add(["k"], 12.0, 1.0)
     assert held.keys(12.5) == ("k",)
+
+
+def test_held_back_keys_live_on_while_leases_run_out_of_rounds() -> None:
+    """A backlog behind more held-back keys than one lease's rounds cross: each lease
+    that runs out of rounds (``extend``) keeps every key found until ``ttl`` after it, so the
+    next lease starts past them instead of at the first window again."""
+    held = HeldBack()
+    held.add(["a", "b"], 10.0, 0.1, extend=True)
+    held.add(["c", "d"], 10.09, 0.1, extend=True)
+    held.add(["e"], 10.18, 0.1, extend=True)
+    assert held.keys(10.25) == ("a", "b", "c", "d", "e")
+    held.add(["f"], 10.26, 0.1)  # through: no longer extended
+    assert held.keys(10.27) == ("a", "b", "c", "d", "e", "f")
+    assert held.keys(10.28) == ()
