@@ -26,8 +26,9 @@ import threading
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
-from amqp_lab.errors import OutboxError
+from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.lease import Lease
+from amqp_lab.outbox.outcomes import describe
 from amqp_lab.outbox.store import OutboxStore
 
 __all__ = ["HeldBack", "LeaseRequest", "LeaseResult", "Leaser", "lease_once", "stale_chains"]
@@ -184,7 +185,8 @@ class Leaser:
     def close(self, timeout: float) -> None:
         """Stop the thread, waiting up to ``timeout`` seconds for a lease in progress (its
         rows are the relay's to release: :meth:`OutboxStore.release_all`). A thread still in
-        the database after that is left to end on its own (a daemon)."""
+        the database after that is left to end on its own (a daemon). A result no one took
+        that failed for another reason than an outage is logged as an error, not dropped."""
         thread = self._thread
         if thread is None:
             return
@@ -192,6 +194,11 @@ class Leaser:
         thread.join(timeout)
         if thread.is_alive():
             log.warning("a lease still waits for the database; its rows' leases will expire")
+            return
+        result = self.take()
+        error = None if result is None else result.error
+        if error is not None and not isinstance(error, OutboxUnavailable):
+            log.error("a lease failed as the relay stopped: %s", describe(error))
 
     def _serve(self) -> None:
         while True:

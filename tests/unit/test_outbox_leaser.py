@@ -4,6 +4,7 @@ that hold back due rows (amqp_lab.outbox.leasing._rounds): no database, no broke
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, cast
 
@@ -186,6 +187,7 @@ def test_a_lease_ahead_hands_over_a_store_that_cannot_be_opened_or_fails() -> No
     assert woken.wait(10)
     result = leaser.take()
     assert result is not None and isinstance(result.error, OutboxUnavailable)
+    leaser.close(10)
     woken.clear()
     broken = FakeStore(Lease(), error=OutboxError("permission denied for table"))
     leaser = Leaser(lambda: cast(OutboxStore, broken), woken.set)
@@ -194,6 +196,35 @@ def test_a_lease_ahead_hands_over_a_store_that_cannot_be_opened_or_fails() -> No
     result = leaser.take()
     assert result is not None and isinstance(result.error, OutboxError)
     leaser.close(10)
+
+
+@pytest.mark.parametrize(
+    ("error", "logged"),
+    [
+        (OutboxError("permission denied for table amqp_lab_outbox"), True),
+        (OutboxUnavailable("the server closed the connection"), False),
+    ],
+)
+def test_a_lease_that_failed_as_the_relay_stopped_is_logged_not_dropped(
+    caplog: pytest.LogCaptureFixture, error: Exception, logged: bool
+) -> None:
+    """The relay stops with a lease out; the lease fails for another reason than an
+    outage (a defect, a permission taken away): no loop takes it any more, so closing says
+    it. An outage's failure is nothing to report: the next relay leases again."""
+    woken = threading.Event()
+    store = FakeStore(Lease(), error=error)
+    leaser = Leaser(lambda: cast(OutboxStore, store), woken.set)
+    leaser.submit(cast(OutboxStore, object()), REQUEST)
+    assert woken.wait(10)
+    with caplog.at_level(logging.ERROR, logger="amqp_lab.outbox.relay"):
+        leaser.close(10)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    if logged:
+        assert len(errors) == 1 and "permission denied for table" in errors[0], errors
+        assert errors[0].startswith("a lease failed as the relay stopped: ")
+    else:
+        assert errors == []
+    assert not leaser.pending
 
 
 def test_an_inline_lease_is_ready_at_once_on_the_loops_store() -> None:
