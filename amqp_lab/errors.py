@@ -37,6 +37,7 @@ __all__ = [
     "PublishError",
     "PublishFailed",
     "QueueNotFound",
+    "QueueViewIncomplete",
     "RecordTooLarge",
     "ReplayStopped",
     "RetryTopologyError",
@@ -158,6 +159,14 @@ class ManagementError(AmqpLabError):
     def __init__(self, message: str, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class QueueViewIncomplete(ManagementError):
+    """The management API answered for a queue without its settings: no
+    ``effective_policy_definition``, no ``policy`` (and ``state`` often ``down``). RabbitMQ 4.3
+    answers so for a quorum queue whose leader it cannot reach, for 2-5 s after that leader's
+    node fails (measured on a three-node cluster: the 18-key view instead of 51). The
+    settings are unknown, not missing: ask again once a leader is elected."""
 
 
 # --- topology -------------------------------------------------------------------------------------

@@ -42,8 +42,11 @@ class ManagementClient:
 
     With several management bases (``settings.management_bases``: a cluster), a request that
     gets no answer from the current node (connection refused, timeout) is sent to the next one,
-    and the client stays on the node that answered. An HTTP error status is the broker's answer
-    and is never retried elsewhere."""
+    and the client stays on the node that answered. A GET answered with a 5xx status goes to the
+    next node too: a node that is booting or rejoining answers 500 for seconds while the others
+    can answer (seen on RabbitMQ 4.3 after a node restart); the first 5xx is returned when no
+    node answers better. Any other HTTP error status is the broker's answer and is never
+    retried elsewhere."""
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
         self.settings = settings
@@ -81,6 +84,7 @@ class ManagementClient:
         ManagementError when none answers."""
         errors: list[str] = []
         last: httpx.HTTPError | None = None
+        failed: tuple[int, httpx.Response] | None = None  # a GET a node answered with 5xx
         for step in range(len(self._clients)):
             index = (self._current + step) % len(self._clients)
             try:
@@ -93,8 +97,14 @@ class ManagementClient:
                 errors.append(f"{self._bases[index]} ({type(e).__name__}: {e})")
                 last = e
                 break
+            if method == "GET" and response.status_code >= 500 and len(self._clients) > 1:
+                failed = failed or (index, response)
+                continue
             self._current = index
             return response
+        if failed is not None:
+            self._current = failed[0]
+            return failed[1]
         raise ManagementError(
             mask_secrets(
                 f"management API unreachable at {'; '.join(errors)}; is the "

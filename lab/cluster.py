@@ -17,8 +17,10 @@ others while its clients keep their connections (the minority side of a partitio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -247,12 +249,28 @@ class Cluster:
             _poll(partial(self.members_seen, node), deadline, f"{node.nodename} boots")
         first = self.nodes[0]
         for node in self.nodes[1:]:
-            if first.nodename not in self.members_seen(node, running=False):
+            self._join(node, first, deadline)
+        _poll(self.is_clustered, deadline, "all nodes run in one cluster")
+        return True
+
+    def _join(self, node: ClusterNode, first: ClusterNode, deadline: float) -> None:
+        """``stop_app``, ``join_cluster first``, ``start_app`` on ``node`` unless it is a
+        member already; tried again until ``deadline`` when a step fails (CI saw
+        ``join_cluster`` killed, exit 137, on a loaded machine): the container is started
+        again if it stopped and the node booted before the next try."""
+        while first.nodename not in self.members_seen(node, running=False):
+            try:
                 self.ctl(node, "stop_app")
                 self.ctl(node, "join_cluster", first.nodename)
                 self.ctl(node, "start_app")
-        _poll(self.is_clustered, deadline, "all nodes run in one cluster")
-        return True
+            except ClusterError as e:
+                if time.monotonic() > deadline:
+                    raise
+                print(f"{node.nodename}: {e}; trying again", file=sys.stderr)
+                self.containers.start(node)
+                with contextlib.suppress(ClusterError):
+                    self.ctl(node, "start_app")  # its app may be stopped: its API with it
+                _poll(partial(self.members_seen, node), deadline, f"{node.nodename} boots")
 
     def kill(self, node: NodeRef, timeout: float = 30) -> None:
         """SIGKILL the node's container (``docker kill``): a crash, no clean shutdown. Returns

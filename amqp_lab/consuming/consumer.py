@@ -157,7 +157,7 @@ class Consumer(OnEngine):
                 stopping=lambda: self.engine.stopping,
             ):
                 return  # a stop was asked for while waiting: nothing was in flight
-            self.engine.guard.check()
+            self.engine.guard.check(sleep=connection.sleep)
             # a batch waits at most ack_interval for more deliveries; with concurrent handlers
             # a finished one is settled within 50 ms even when no delivery arrives
             if self.config.ack_batch > 1:

@@ -28,9 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from amqp_lab.errors import QueueViewIncomplete
 from amqp_lab.management import ManagementClient
 
-__all__ = ["RetryExpectations", "check_retry_topology", "dlq_problems", "problems"]
+__all__ = [
+    "RetryExpectations",
+    "check_retry_topology",
+    "dlq_problems",
+    "incomplete_views",
+    "problems",
+]
 
 
 @dataclass(frozen=True)
@@ -232,17 +239,39 @@ def problems(
     return found
 
 
+def incomplete_views(views: dict[str, dict[str, Any] | None]) -> list[str]:
+    """The queues (by name) whose view lacks ``effective_policy_definition``, a key the
+    management API always reports ({} when no policy applies) unless it could not reach the
+    queue (a quorum queue between leaders: ``state`` down, ``policy`` absent). Their settings
+    are unknown: judging them would find a DLQ "without a policy" that has one. Missing
+    queues (None) are not incomplete: they are missing."""
+    return [
+        name
+        for name, view in views.items()
+        if view is not None and "effective_policy_definition" not in view
+    ]
+
+
 def check_retry_topology(api: ManagementClient, expect: RetryExpectations) -> list[str]:
     """Fetch the queues and the retry exchange named by ``expect`` (and the DLQ and the
     broker's version when ``expect.dlq`` is set) and return :func:`problems`. Raises
-    ManagementError when the API cannot be asked."""
+    ManagementError when the API cannot be asked, and QueueViewIncomplete when it reports a
+    queue without its settings (:func:`incomplete_views`)."""
     work = api.queue(expect.vhost, expect.queue)
     waits = {name: api.queue(expect.vhost, name) for name in expect.wait_queues}
+    dlq = api.queue(expect.vhost, expect.dlq) if expect.dlq is not None else None
+    views = {expect.queue: work, **waits, **({expect.dlq: dlq} if expect.dlq else {})}
+    unknown = incomplete_views(views)
+    if unknown:
+        states = ", ".join(f"{n!r} ({(views[n] or {}).get('state', '?')})" for n in unknown)
+        raise QueueViewIncomplete(
+            f"the management API reports {states} without its settings: a quorum queue "
+            "whose leader it cannot reach (an election under way)"
+        )
     exchange = api.exchange(expect.vhost, expect.retry_exchange) if expect.wait_queues else None
     bindings = (
         api.exchange_bindings(expect.vhost, expect.retry_exchange) if exchange is not None else []
     )
-    dlq = api.queue(expect.vhost, expect.dlq) if expect.dlq is not None else None
     version = _version(api.overview()) if expect.dlq is not None else None
     return problems(expect, work, waits, exchange, bindings, dlq, version)
 

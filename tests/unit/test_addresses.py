@@ -183,6 +183,49 @@ def test_management_client_names_every_dead_node() -> None:
     assert "s3cret" not in str(raised.value)
 
 
+class _Booting(BaseHTTPRequestHandler):
+    """A node that is booting or rejoining: every request answered 500."""
+
+    calls = 0
+
+    def _answer(self) -> None:
+        type(self).calls += 1
+        self.send_response(500)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    do_GET = do_PUT = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def booting_base() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Booting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(30)
+def test_a_get_answered_500_moves_on_and_a_put_does_not(live_base: str, booting_base: str) -> None:
+    settings = BrokerSettings("amqp://u:pw@a/v,amqp://u:pw@b/v", f"{booting_base},{live_base}")
+    with ManagementClient(settings, timeout=5) as api:
+        assert api.overview()["rabbitmq_version"] == "4.3.6"
+        assert api.base == live_base
+    with ManagementClient(settings, timeout=5) as api, pytest.raises(ManagementError) as raised:
+        api.put_policy("v", "p", ".*", {"max-length": 1})  # never sent twice
+    assert raised.value.status_code == 500 and api.base == booting_base
+    alone = BrokerSettings("amqp://u:pw@a/v,amqp://u:pw@b/v", f"{booting_base},{booting_base}")
+    before = _Booting.calls
+    with ManagementClient(alone, timeout=5) as api, pytest.raises(ManagementError) as raised:
+        api.overview()
+    assert raised.value.status_code == 500 and _Booting.calls == before + 2
+
+
 # --- connect over a list: one attempt per node, the right error --------------------------------
 _OUTCOMES: dict[str, BaseException | None] = {}
 
