@@ -165,8 +165,9 @@ class QueueViewIncomplete(ManagementError):
     """The management API answered for a queue without its settings: no
     ``effective_policy_definition``, no ``policy`` (and ``state`` often ``down``). RabbitMQ 4.3
     answers so for a quorum queue whose leader it cannot reach, for 2-5 s after that leader's
-    node fails (measured on a three-node cluster: the 18-key view instead of 51). The
-    settings are unknown, not missing: ask again once a leader is elected."""
+    node fails (measured on a three-node cluster: the 18-key view instead of 51), and
+    RabbitMQ 3.10 for a quorum queue declared less than a statistics interval ago. The
+    settings are unknown, not missing: ask again."""
 
 
 # --- topology -------------------------------------------------------------------------------------

@@ -157,7 +157,9 @@ class Consumer(OnEngine):
                 stopping=lambda: self.engine.stopping,
             ):
                 return  # a stop was asked for while waiting: nothing was in flight
-            self.engine.guard.check(sleep=connection.sleep)
+            self.engine.guard.check(connection.sleep, lambda: self.engine.stopping)
+            if self.engine.stopping:
+                return  # a stop was asked for while the check waited: nothing consumed yet
             # a batch waits at most ack_interval for more deliveries; with concurrent handlers
             # a finished one is settled within 50 ms even when no delivery arrives
             if self.config.ack_batch > 1:

@@ -65,11 +65,16 @@ class TopologyGuard:
         with ManagementClient(self.settings) as api:
             return check_retry_topology(api, self.expect)
 
-    def _ask_until_settled(self, sleep: Callable[[float], None]) -> list[str]:
+    def _ask_until_settled(
+        self, sleep: Callable[[float], None], stopping: Callable[[], bool]
+    ) -> list[str]:
         """:meth:`_ask`, again while its answer is transient, up to ``settle`` seconds; a
-        transient answer after a successful check ends the wait at once (re-raised)."""
+        transient answer after a successful check, or once ``stopping()``, ends the wait at
+        once (re-raised)."""
         retrying = Retrying(
-            retry=retry_if_exception(lambda e: transient(e) and not self._verified),
+            retry=retry_if_exception(
+                lambda e: transient(e) and not self._verified and not stopping()
+            ),
             stop=stop_after_delay(self.settle),
             wait=wait_fixed(0.5),
             sleep=sleep,
@@ -80,19 +85,24 @@ class TopologyGuard:
         )
         return retrying(self._ask)
 
-    def check(self, sleep: Callable[[float], None] | None = None) -> None:
+    def check(
+        self,
+        sleep: Callable[[float], None] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Raise RetryTopologyError naming every problem and the policy in force (one line),
         or when the management API cannot be asked before the first successful check (after
         ``settle`` seconds of transient answers); after one, an API outage or a transient
         answer is a warning (the settings were right a connection ago). ``sleep``: how to wait
         between asks (a consumer passes its connection's ``sleep``, which keeps heartbeats
-        going); default the guard's own."""
+        going); default the guard's own. Once ``stopping()`` (a drain asked for meanwhile)
+        a transient answer ends the check without an error: the caller consumes nothing."""
         if not self.enabled:
             return
         try:
-            found = self._ask_until_settled(sleep or self.sleep)
+            found = self._ask_until_settled(sleep or self.sleep, stopping)
         except ManagementError as e:
-            if self._verified:
+            if self._verified or (transient(e) and stopping()):
                 log.warning("cannot re-check the topology: %s", e)
                 return
             raise RetryTopologyError(

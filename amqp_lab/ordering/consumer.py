@@ -153,7 +153,9 @@ class OrderedConsumer(OnEngine):
         channel = self.engine.open_channel(connection, self.config.prefetch)
         try:
             channel.add_on_cancel_callback(lambda _frame: self._note_cancel())
-            self.engine.guard.check(sleep=connection.sleep)
+            self.engine.guard.check(connection.sleep, lambda: self.engine.stopping)
+            if self.engine.stopping:
+                return  # a stop was asked for while the check waited: nothing consumed yet
             self._consumers = {
                 channel.basic_consume(shard, self._arrive, auto_ack=False): shard
                 for shard in self.config.names.shard_queues

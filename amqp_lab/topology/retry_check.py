@@ -266,7 +266,8 @@ def check_retry_topology(api: ManagementClient, expect: RetryExpectations) -> li
         states = ", ".join(f"{n!r} ({(views[n] or {}).get('state', '?')})" for n in unknown)
         raise QueueViewIncomplete(
             f"the management API reports {states} without its settings: a quorum queue "
-            "whose leader it cannot reach (an election under way)"
+            "whose leader it cannot reach (an election under way), or one whose statistics "
+            "it has not collected yet (RabbitMQ 3.10, just declared)"
         )
     exchange = api.exchange(expect.vhost, expect.retry_exchange) if expect.wait_queues else None
     bindings = (

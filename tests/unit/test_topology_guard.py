@@ -183,3 +183,20 @@ def test_after_a_good_check_a_transient_answer_is_a_warning_not_a_wait(
     assert "cannot re-check the topology: down" in caplog.text
     with pytest.raises(RetryTopologyError, match="a real problem"):
         g.check()  # what stays wrong is refused on a later connection all the same
+
+
+def test_a_stop_during_the_wait_ends_the_check_without_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scripted = Scripted(QueueViewIncomplete("down"), QueueViewIncomplete("down"), [])
+    g, slept = guard(monkeypatch, scripted)
+    stops = iter([False, True])
+    g.check(stopping=lambda: next(stops, True))
+    assert (scripted.calls, slept) == (2, [0.5])
+    assert not g._verified  # nothing was checked: the next connection checks again
+
+
+def test_a_stop_does_not_hide_a_real_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    g, _ = guard(monkeypatch, Scripted(["a real problem"]))
+    with pytest.raises(RetryTopologyError, match="a real problem"):
+        g.check(stopping=lambda: True)
