@@ -42,11 +42,12 @@ class ManagementClient:
 
     With several management bases (``settings.management_bases``: a cluster), a request that
     gets no answer from the current node (connection refused, timeout) is sent to the next one,
-    and the client stays on the node that answered. A GET answered with a 5xx status goes to the
-    next node too: a node that is booting or rejoining answers 500 for seconds while the others
-    can answer (seen on RabbitMQ 4.3 after a node restart); the first 5xx is returned when no
-    node answers better. Any other HTTP error status is the broker's answer and is never
-    retried elsewhere."""
+    and the client stays on the node that answered (whatever the method: a write that timed out
+    may have been applied, and is sent again; every write here is an idempotent PUT or DELETE).
+    A GET answered with a 5xx status goes to the next node too: a node that is booting or
+    rejoining answers 500 for seconds while the others can answer (seen on RabbitMQ 4.3 after
+    a node restart); the first 5xx is returned when no node answers better. Any other HTTP
+    error status is the broker's answer and is never retried elsewhere."""
 
     def __init__(self, settings: BrokerSettings, timeout: float = 10.0) -> None:
         self.settings = settings

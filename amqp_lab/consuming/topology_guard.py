@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_before_delay, wait_fixed
 
 from amqp_lab.errors import ManagementError, QueueViewIncomplete, RetryTopologyError
 from amqp_lab.management import ManagementClient
@@ -61,29 +61,36 @@ class TopologyGuard:
         self.sleep = sleep
         self._verified = False
 
-    def _ask(self) -> list[str]:
-        with ManagementClient(self.settings) as api:
-            return check_retry_topology(api, self.expect)
+    def _ask(self, api: ManagementClient) -> list[str]:
+        return check_retry_topology(api, self.expect)
 
     def _ask_until_settled(
         self, sleep: Callable[[float], None], stopping: Callable[[], bool]
     ) -> list[str]:
-        """:meth:`_ask`, again while its answer is transient, up to ``settle`` seconds; a
+        """:meth:`_ask`, again while its answer is transient, up to ``settle`` seconds (no
+        ask starts after them), on one client: it stays on the node that answered last. A
         transient answer after a successful check, or once ``stopping()``, ends the wait at
-        once (re-raised)."""
+        once (re-raised). The first transient answer is a warning, the later ones debug."""
+        asked: list[BaseException] = []
+
+        def again(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            level = logging.DEBUG if asked else logging.WARNING
+            log.log(level, "topology check: %s; asking again for up to %g s", error, self.settle)
+            asked.extend([error] if error else [])
+
         retrying = Retrying(
             retry=retry_if_exception(
                 lambda e: transient(e) and not self._verified and not stopping()
             ),
-            stop=stop_after_delay(self.settle),
+            stop=stop_before_delay(self.settle),
             wait=wait_fixed(0.5),
             sleep=sleep,
-            before_sleep=lambda state: log.warning(
-                "topology check: %s; asking again", state.outcome and state.outcome.exception()
-            ),
+            before_sleep=again,
             reraise=True,
         )
-        return retrying(self._ask)
+        with ManagementClient(self.settings) as api:
+            return retrying(self._ask, api)
 
     def check(
         self,
@@ -102,8 +109,11 @@ class TopologyGuard:
         try:
             found = self._ask_until_settled(sleep or self.sleep, stopping)
         except ManagementError as e:
-            if self._verified or (transient(e) and stopping()):
+            if self._verified:
                 log.warning("cannot re-check the topology: %s", e)
+                return
+            if transient(e) and stopping():
+                log.info("the topology check ended by the stop: %s", e)
                 return
             raise RetryTopologyError(
                 f"cannot check the retry topology and the DLQ of vhost "

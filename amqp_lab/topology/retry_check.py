@@ -28,15 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from amqp_lab.errors import QueueViewIncomplete
+from amqp_lab.errors import ManagementError, QueueViewIncomplete
 from amqp_lab.management import ManagementClient
 
 __all__ = [
     "RetryExpectations",
     "check_retry_topology",
+    "definite",
     "dlq_problems",
     "incomplete_views",
     "problems",
+    "unknown_error",
 ]
 
 
@@ -241,10 +243,12 @@ def problems(
 
 def incomplete_views(views: dict[str, dict[str, Any] | None]) -> list[str]:
     """The queues (by name) whose view lacks ``effective_policy_definition``, a key the
-    management API always reports ({} when no policy applies) unless it could not reach the
-    queue (a quorum queue between leaders: ``state`` down, ``policy`` absent). Their settings
-    are unknown: judging them would find a DLQ "without a policy" that has one. Missing
-    queues (None) are not incomplete: they are missing."""
+    management API reports ({} when no policy applies) once it has the queue's statistics:
+    not for a quorum queue between leaders (``state`` down, ``policy`` absent), nor for a
+    queue declared less than a statistics interval ago (seen on 3.10), nor at all when
+    statistics are disabled. Their settings are unknown: judging them would find a DLQ
+    "without a policy" that has one. Missing queues (None) are not incomplete: they are
+    missing."""
     return [
         name
         for name, view in views.items()
@@ -252,29 +256,60 @@ def incomplete_views(views: dict[str, dict[str, Any] | None]) -> list[str]:
     ]
 
 
+def definite(found: list[str], unknown: list[str]) -> list[str]:
+    """The problems of ``found`` that name none of the ``unknown`` queues (those were judged
+    on views without settings): what is wrong whatever their settings turn out to be."""
+    return [p for p in found if not any(repr(name) in p for name in unknown)]
+
+
+def unknown_error(
+    views: dict[str, dict[str, Any] | None], unknown: list[str], overview: dict[str, Any]
+) -> ManagementError:
+    """The error for queues whose settings the API did not report: QueueViewIncomplete (to
+    ask again), or, when the broker's statistics are disabled (``disable_stats`` in ``GET
+    /api/overview``: ``management_agent.disable_metrics_collector`` or
+    ``management.disable_stats``), a ManagementError no wait can clear."""
+    states = ", ".join(
+        f"{n!r} ({(views[n] or {}).get('type', '?')}, {(views[n] or {}).get('state', '?')})"
+        for n in unknown
+    )
+    if overview.get("disable_stats") is True:
+        return ManagementError(
+            f"the management API reports {states} without its settings: the broker's "
+            "statistics are disabled (management_agent.disable_metrics_collector or "
+            "management.disable_stats), so no policy in force can be read"
+        )
+    return QueueViewIncomplete(
+        f"the management API reports {states} without its settings: a queue whose leader or "
+        "node it cannot reach (a quorum election under way), or whose statistics it has not "
+        "collected yet (declared less than a statistics interval ago)"
+    )
+
+
 def check_retry_topology(api: ManagementClient, expect: RetryExpectations) -> list[str]:
     """Fetch the queues and the retry exchange named by ``expect`` (and the DLQ and the
-    broker's version when ``expect.dlq`` is set) and return :func:`problems`. Raises
-    ManagementError when the API cannot be asked, and QueueViewIncomplete when it reports a
-    queue without its settings (:func:`incomplete_views`)."""
+    broker's version when ``expect.dlq`` is set) and return :func:`problems`. When the API
+    reports a queue without its settings (:func:`incomplete_views`), the problems that stand
+    whatever those settings are (:func:`definite`) are returned; without any, it raises
+    :func:`unknown_error`'s error. Raises ManagementError when the API cannot be asked."""
     work = api.queue(expect.vhost, expect.queue)
     waits = {name: api.queue(expect.vhost, name) for name in expect.wait_queues}
     dlq = api.queue(expect.vhost, expect.dlq) if expect.dlq is not None else None
-    views = {expect.queue: work, **waits, **({expect.dlq: dlq} if expect.dlq else {})}
-    unknown = incomplete_views(views)
-    if unknown:
-        states = ", ".join(f"{n!r} ({(views[n] or {}).get('state', '?')})" for n in unknown)
-        raise QueueViewIncomplete(
-            f"the management API reports {states} without its settings: a quorum queue "
-            "whose leader it cannot reach (an election under way), or one whose statistics "
-            "it has not collected yet (RabbitMQ 3.10, just declared)"
-        )
     exchange = api.exchange(expect.vhost, expect.retry_exchange) if expect.wait_queues else None
     bindings = (
         api.exchange_bindings(expect.vhost, expect.retry_exchange) if exchange is not None else []
     )
-    version = _version(api.overview()) if expect.dlq is not None else None
-    return problems(expect, work, waits, exchange, bindings, dlq, version)
+    views = {expect.queue: work, **waits, **({expect.dlq: dlq} if expect.dlq else {})}
+    unknown = incomplete_views(views)
+    overview = api.overview() if expect.dlq is not None or unknown else {}
+    version = _version(overview) if expect.dlq is not None else None
+    found = problems(expect, work, waits, exchange, bindings, dlq, version)
+    if not unknown:
+        return found
+    standing = definite(found, unknown)
+    if standing:
+        return standing
+    raise unknown_error(views, unknown, overview)
 
 
 def _version(overview: dict[str, Any]) -> tuple[int, int] | None:

@@ -127,3 +127,83 @@ def test_the_partition_timers_shorten_failure_detection() -> None:
     assert settings == {"net_ticktime": "10", "consumer_disconnected_timeout": "10000"}
     assert Cluster(extra_config=PARTITION_TIMERS).extra_config == PARTITION_TIMERS
     assert Cluster().extra_config is None
+
+
+class _Joining:
+    """A node whose first ``join_cluster`` is killed (exit 137, as CI saw) and whose next
+    one joins; records every step."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.joined, self.booting = failures, False, 0
+        self.steps: list[str] = []
+
+    def ctl(self, node: object, *args: str) -> str:
+        self.steps.append(args[0])
+        if args[0] == "join_cluster":
+            if self.failures:
+                self.failures -= 1
+                raise ClusterError("rabbitmqctl join_cluster rabbit@rmq1 on rabbit@rmq2 exited 137")
+            self.joined = True
+        return ""
+
+    def members_seen(self, node: object, running: bool = True) -> tuple[str, ...]:
+        if self.joined and self.booting:  # its API does not answer yet after start_app
+            self.booting -= 1
+            return ()
+        return ("rabbit@rmq1", "rabbit@rmq2") if self.joined else ("rabbit@rmq2",)
+
+
+def _cluster_with(node: _Joining, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    cluster = Cluster(name="c")
+    monkeypatch.setattr(cluster, "ctl", node.ctl)
+    monkeypatch.setattr(cluster, "members_seen", node.members_seen)
+    monkeypatch.setattr(cluster.containers, "start", lambda n: node.steps.append("docker start"))
+    return cluster
+
+
+def test_a_join_that_fails_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = _Joining(failures=1)
+    cluster = _cluster_with(node, monkeypatch)
+    cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=float("inf"))
+    assert node.joined
+    assert node.steps == [
+        "stop_app", "join_cluster", "docker start", "start_app",
+        "stop_app", "join_cluster", "start_app",
+    ]  # fmt: skip
+
+
+def test_a_join_that_went_through_is_not_done_again_while_the_node_boots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = _Joining(failures=0)
+    node.booting = 2
+    cluster = _cluster_with(node, monkeypatch)
+    monkeypatch.setattr("lab.cluster.time.sleep", lambda s: None)
+    cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=float("inf"))
+    assert node.steps == ["stop_app", "join_cluster", "start_app"] and node.booting == 0
+
+
+def test_a_join_that_keeps_failing_is_tried_three_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = _Joining(failures=10)
+    cluster = _cluster_with(node, monkeypatch)
+    with pytest.raises(ClusterError, match="exited 137"):
+        cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=float("inf"))
+    assert node.steps.count("join_cluster") == 3
+
+
+def test_a_join_that_keeps_failing_past_the_deadline_is_the_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = _Joining(failures=10)
+    cluster = _cluster_with(node, monkeypatch)
+    with pytest.raises(ClusterError, match="exited 137"):
+        cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=0.0)
+    assert node.steps == ["stop_app", "join_cluster"]
+
+
+def test_a_member_already_is_not_joined_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = _Joining(failures=0)
+    node.joined = True
+    cluster = _cluster_with(node, monkeypatch)
+    cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=0.0)
+    assert node.steps == []

@@ -19,6 +19,7 @@ from amqp_lab.settings import BrokerSettings
 from amqp_lab.topology.retry_check import (
     RetryExpectations,
     check_retry_topology,
+    definite,
     incomplete_views,
 )
 
@@ -59,16 +60,22 @@ WORK: dict[str, Any] = {
 
 
 class FakeApi:
-    """check_retry_topology's view of the management API: the DLQ as ``dlq``."""
+    """check_retry_topology's view of the management API: the DLQ as ``dlq``, the work queue
+    as ``work``; ``disable_stats`` as GET /api/overview reports it."""
 
-    def __init__(self, dlq: dict[str, Any] | None) -> None:
-        self.dlq = dlq
+    def __init__(
+        self,
+        dlq: dict[str, Any] | None,
+        work: dict[str, Any] | None = WORK,
+        disable_stats: bool = False,
+    ) -> None:
+        self.dlq, self.work, self.disable_stats = dlq, work, disable_stats
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
-        return self.dlq if name == "q:tasks:dlq" else WORK
+        return self.dlq if name == "q:tasks:dlq" else self.work
 
     def overview(self) -> dict[str, Any]:
-        return {"rabbitmq_version": "4.3.6"}
+        return {"rabbitmq_version": "4.3.6", "disable_stats": self.disable_stats}
 
 
 def test_a_view_without_its_settings_is_incomplete_and_a_missing_queue_is_not() -> None:
@@ -85,7 +92,27 @@ def test_the_check_does_not_judge_a_queue_between_leaders() -> None:
     assert check_retry_topology(FakeApi(FULL), EXPECT) == []  # type: ignore[arg-type]
     with pytest.raises(QueueViewIncomplete) as raised:
         check_retry_topology(FakeApi(BETWEEN_LEADERS), EXPECT)  # type: ignore[arg-type]
-    assert "'q:tasks:dlq' (down) without its settings" in str(raised.value)
+    assert "'q:tasks:dlq' (quorum, down) without its settings" in str(raised.value)
+
+
+def test_what_is_wrong_whatever_the_unknown_settings_is_still_refused() -> None:
+    api = FakeApi(BETWEEN_LEADERS, work=None)
+    found = check_retry_topology(api, EXPECT)  # type: ignore[arg-type]
+    assert found == ["queue 'q:tasks' does not exist in vhost 'v'"]
+    assert definite(
+        ["DLQ 'q:tasks:dlq' is a quorum queue", "queue 'q:tasks' x"], ["q:tasks:dlq"]
+    ) == ["queue 'q:tasks' x"]
+
+
+def test_statistics_disabled_is_no_wait_but_a_clear_error() -> None:
+    api = FakeApi(BETWEEN_LEADERS, disable_stats=True)
+    with pytest.raises(ManagementError) as raised:
+        check_retry_topology(api, EXPECT)  # type: ignore[arg-type]
+    assert not isinstance(raised.value, QueueViewIncomplete) and not transient(raised.value)
+    assert "statistics are disabled (management_agent.disable_metrics_collector" in str(
+        raised.value
+    )
+    assert "'q:tasks:dlq' (quorum, down)" in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +138,7 @@ class Scripted:
         self.answers = list(answers)
         self.calls = 0
 
-    def __call__(self) -> list[str]:
+    def __call__(self, *api: object) -> list[str]:
         self.calls += 1
         answer = self.answers.pop(0)
         if isinstance(answer, BaseException):
@@ -138,7 +165,7 @@ def test_transient_answers_are_asked_again_until_the_cluster_settles(
 def test_a_consumer_waits_on_its_connection() -> None:
     waited: list[float] = []
     g = TopologyGuard(SETTINGS, EXPECT, sleep=lambda s: pytest.fail("the guard's own sleep"))
-    g._ask = Scripted(QueueViewIncomplete("down"), [])  # type: ignore[method-assign]
+    g._ask = Scripted(QueueViewIncomplete("down"), [])  # type: ignore[method-assign,assignment]
     g.check(sleep=waited.append)
     assert waited == [0.5]
 
@@ -200,3 +227,29 @@ def test_a_stop_does_not_hide_a_real_problem(monkeypatch: pytest.MonkeyPatch) ->
     g, _ = guard(monkeypatch, Scripted(["a real problem"]))
     with pytest.raises(RetryTopologyError, match="a real problem"):
         g.check(stopping=lambda: True)
+
+
+def test_the_wait_is_one_warning_then_debug_lines(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = [QueueViewIncomplete("down") for _ in range(3)]
+    g, slept = guard(monkeypatch, Scripted(*down, []))
+    with caplog.at_level("DEBUG", logger=topology_guard.__name__):
+        g.check()
+    levels = [r.levelname for r in caplog.records if "asking again" in r.message]
+    assert (levels, slept) == (["WARNING", "DEBUG", "DEBUG"], [0.5, 0.5, 0.5])
+
+
+def test_no_ask_starts_after_the_settle_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr("tenacity.time.monotonic", lambda: clock[0])
+    scripted = Scripted(*[QueueViewIncomplete("down") for _ in range(100)])
+    g = TopologyGuard(SETTINGS, EXPECT, settle=30.0, sleep=sleep)
+    monkeypatch.setattr(g, "_ask", scripted)
+    with pytest.raises(RetryTopologyError, match="cannot check"):
+        g.check()
+    assert scripted.calls == 60 and clock[0] == 29.5
