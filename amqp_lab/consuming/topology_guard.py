@@ -71,13 +71,11 @@ class TopologyGuard:
         ask starts after them), on one client: it stays on the node that answered last. A
         transient answer after a successful check, or once ``stopping()``, ends the wait at
         once (re-raised). The first transient answer is a warning, the later ones debug."""
-        asked: list[BaseException] = []
 
         def again(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            level = logging.DEBUG if asked else logging.WARNING
+            level = logging.WARNING if state.attempt_number == 1 else logging.DEBUG
             log.log(level, "topology check: %s; asking again for up to %g s", error, self.settle)
-            asked.extend([error] if error else [])
 
         retrying = Retrying(
             retry=retry_if_exception(

@@ -7,17 +7,20 @@ import logging
 import time
 
 from amqp_lab.outbox.outcomes import describe
-from amqp_lab.retry.policy import full_jitter
+from amqp_lab.retry.policy import Backoff
 
-__all__ = ["StoreOutage"]
+__all__ = ["OUTAGE_BACKOFF", "StoreOutage"]
+
+OUTAGE_BACKOFF = Backoff(base=0.2, cap=5.0)
+"""Between the relay's tries of its database during an outage: 0.2 s doubling, at most 5 s."""
 
 log = logging.getLogger("amqp_lab.outbox.relay")
 
 
 class StoreOutage:
     """Where the relay stands with its database. After the n-th failure in a row the next try
-    waits a full-jitter backoff of base 0.2 s capped at 5 s (at least 50 ms: AWS's "Exponential
-    Backoff And Jitter"); :attr:`ok_at` is when it may try again (monotonic seconds)."""
+    waits :data:`OUTAGE_BACKOFF` (full jitter, at least 50 ms); :attr:`ok_at` is when it may
+    try again (monotonic seconds)."""
 
     def __init__(self) -> None:
         self.failures = 0
@@ -26,7 +29,7 @@ class StoreOutage:
     def down(self, error: BaseException) -> None:
         """A store call raised ``error`` (OutboxUnavailable): back off; warn on the first."""
         self.failures += 1
-        delay = full_jitter(min(self.failures, 8), 0.2, 5.0)
+        delay = OUTAGE_BACKOFF.wait(min(self.failures, 8))
         self.ok_at = time.monotonic() + max(0.05, delay)
         if self.failures == 1:
             log.warning("the outbox database is unavailable (%s); retrying", describe(error))

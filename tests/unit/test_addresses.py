@@ -143,14 +143,18 @@ class _Overview(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def live_base() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), _Overview)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on a free local port answering with ``handler``: its base URL."""
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def live_base() -> Iterator[str]:
+    yield from _serve(_Overview)
 
 
 def _dead_base() -> str:
@@ -202,12 +206,7 @@ class _Booting(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def booting_base() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), _Booting)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    yield from _serve(_Booting)
 
 
 @pytest.mark.timeout(30)
