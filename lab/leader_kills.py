@@ -104,6 +104,9 @@ def kill_event_time(container: str, since: float) -> float | None:
     return min(after) if after else None
 
 
+LATE_KILLS = 3  # times a kill may wait for more messages when its portion went by before it
+
+
 def portions(messages: int, kills: int) -> list[int]:
     """``messages`` split into ``kills + 1`` portions (one before each kill, one after the
     last), the remainder in the last."""
@@ -161,8 +164,18 @@ class ClusterChaos:
         for i, size in enumerate(plan[:-1]):
             before, end = end, end + size
             self.publisher.allow(size - 1 if i == 0 else size)
-            self._wait("publishing and consuming", partial(self._mid, before, size))
-            self.failovers.append(self._failover(end))
+            for late in range(LATE_KILLS + 1):
+                self._wait("publishing and consuming", partial(self._mid, before, end - before))
+                failover = self._failover(end, may_defer=late < LATE_KILLS)
+                if failover is not None:
+                    break
+                # the portion was all handed over and consumed before the kill could go (the
+                # leader and connection lookups are slow on a loaded machine): publish part of
+                # the next portion now and aim the kill at it (allow is capped at the count)
+                before, end = self.publisher.handed, self.publisher.handed + max(1, size // 2)
+                self.publisher.allow(end - before)
+            assert failover is not None
+            self.failovers.append(failover)
         self.publisher.allow(plan[-1])
         self._wait("publishing ended", lambda: not self.publisher.is_alive(), self.timeout * 3)
         return self.failovers
@@ -173,12 +186,22 @@ class ClusterChaos:
         third = self.publisher.handed - before >= max(1, size // 3)
         return third and bool(self.pool.busy(within=0.5))
 
-    def _failover(self, end: int) -> Failover:
-        """Kill the leader's node while the portion ending at message ``end`` is published."""
+    def _failover(self, end: int, may_defer: bool = False) -> Failover | None:
+        """Kill the leader's node while the portion ending at message ``end`` is published.
+        With ``may_defer``: None, and no kill, when by the time the leader is known the
+        portion has been handed over whole or no worker settled a delivery in the last 0.5 s
+        (a kill then would find nothing in flight, and nothing would show the consumers
+        resume)."""
         leader = self._leader()
         on_node = [n for n, node in connections_by_node(self.settings).items() if node == leader]
         confirmed_leader = self._leader()  # again, right before the kill: still the same node?
         consuming = bool(self.pool.busy(within=0.5))
+        if may_defer and not (consuming and self.publisher.handed < end):
+            self.log(
+                f"late for the kill: {self.publisher.handed} of {end} messages handed over, "
+                f"{'a worker' if consuming else 'no worker'} busy; publishing more first"
+            )
+            return None
         reconnects, handed, asked = self.publisher.reconnects, self.publisher.handed, time.time()
         self.cluster.kill(leader)
         at = kill_event_time(self.cluster.node_for(leader).container, asked)

@@ -214,3 +214,71 @@ def test_the_tally_keeps_the_settlement_times_of_each_report(tmp_path: Path) -> 
     tally = OutputTally()
     assert tally.update([out]) == 3
     assert tally.settled == [Settled(10.25, 10.5, True, "a"), Settled(None, 11.0, False, "a")]
+
+
+class _Killed(Exception):
+    pass
+
+
+class _Cluster:
+    """The calls ClusterChaos._failover makes before its kill; the kill itself ends the test."""
+
+    def __init__(self) -> None:
+        self.kills: list[str] = []
+
+    def queue_leader(self, vhost: str, queue: str) -> str:
+        return "rabbit@rmq1"
+
+    def kill(self, node: str) -> None:
+        self.kills.append(node)
+        raise _Killed(node)
+
+
+class _Publisher:
+    def __init__(self, handed: int) -> None:
+        self.handed, self.reconnects, self.allowed = handed, 0, 0
+
+    def allow(self, messages: int) -> None:
+        self.allowed += messages
+
+
+class _Pool:
+    def __init__(self, busy: bool) -> None:
+        self._busy = busy
+
+    def busy(self, within: float) -> list[str]:
+        return ["worker-1"] if self._busy else []
+
+
+@pytest.mark.parametrize(
+    ("handed", "busy", "kills"),
+    [(40, True, ["rabbit@rmq1"]), (66, True, []), (40, False, []), (70, True, [])],
+    ids=["in-flight", "all-handed-over", "no-worker-busy", "past-the-portion"],
+)
+def test_a_kill_that_would_find_nothing_in_flight_is_deferred(
+    monkeypatch: pytest.MonkeyPatch, handed: int, busy: bool, kills: list[str]
+) -> None:
+    """CI: the leader and connection lookups took longer than the rest of the portion on a
+    loaded machine, the kill found every message consumed, and the run waited 90 s for
+    consumers to resume with nothing to consume (publishing=False, consuming=False)."""
+    import lab.leader_kills as lk
+
+    monkeypatch.setattr(lk, "connections_by_node", lambda settings: {})
+    cluster = _Cluster()
+    chaos = lk.ClusterChaos(
+        cluster,  # type: ignore[arg-type]
+        BrokerSettings("amqp://guest:guest@127.0.0.1:5999/x"),
+        "q:tasks",
+        _Publisher(handed),  # type: ignore[arg-type]
+        _Pool(busy),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        log=lambda line: None,
+    )
+    if kills:
+        with pytest.raises(_Killed):
+            chaos._failover(66, may_defer=True)
+    else:
+        assert chaos._failover(66, may_defer=True) is None
+    assert cluster.kills == kills
+    with pytest.raises(_Killed):  # the last try kills whatever it finds
+        chaos._failover(66, may_defer=False)
