@@ -11,6 +11,7 @@ Every Docker failure becomes a :class:`ClusterError` naming what was being done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -261,13 +262,29 @@ class NodeContainers:
             container.unpause()
         return True
 
-    def remove(self, nodes: tuple[ClusterNode, ...]) -> None:
-        """Remove the nodes' containers (with their volumes) and the network, where present."""
+    def remove(self, nodes: tuple[ClusterNode, ...], timeout: float = 60) -> None:
+        """Remove the nodes' containers (with their volumes) and the network, where present.
+        A container another removal has under way (the engine answers 409 "removal ... is
+        already in progress"; CI saw one as a test cluster was stopped and started again) or
+        that went meanwhile (404) is waited for until it is gone, ``timeout`` seconds at most
+        (ClusterError after)."""
+        import docker
+
         for node in nodes:
             container = self.get(node)
-            if container is not None:
-                with docker_errors(f"removing {node.container}"):
+            if container is None:
+                continue
+            with docker_errors(f"removing {node.container}"):
+                try:
                     container.remove(force=True, v=True)
+                except docker.errors.APIError as e:
+                    if e.status_code != 404 and "already in progress" not in str(e):
+                        raise
+            deadline = time.monotonic() + timeout
+            while self.get(node) is not None:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"removing {node.container}: still there after {timeout} s")
+                time.sleep(0.2)
         with docker_errors(f"removing network {self.network}"):
             for network in self.client().networks.list(names=[self.network]):
                 network.remove()

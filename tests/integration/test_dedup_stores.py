@@ -594,8 +594,13 @@ def test_the_stats_command_masks_the_password() -> None:
     assert "s3cret-pw" not in result.stdout + result.stderr
 
 
+# any text but NUL and lone surrogates, which no message_id or key that reaches a store can
+# hold (amqp_lab.message refuses them as not Unicode text; PostgreSQL cannot store them)
+POSTGRES_TEXT = st.characters(codec="utf-8", exclude_characters="\x00")
+
+
 @examples(max_examples=60, deadline=None)
-@given(texts=st.lists(st.text(st.characters(blacklist_characters="\x00")), max_size=8))
+@given(texts=st.lists(st.text(POSTGRES_TEXT), max_size=8))
 def test_any_text_list_reaches_postgresql_as_itself(texts: list[str]) -> None:
     """The dedup store's claim and the outbox relay send id and key lists as one text
     parameter (amqp_lab.dedup.arrays.array_literal): every text comes back as itself -

@@ -207,3 +207,57 @@ def test_a_member_already_is_not_joined_again(monkeypatch: pytest.MonkeyPatch) -
     cluster = _cluster_with(node, monkeypatch)
     cluster._join(cluster.nodes[1], cluster.nodes[0], deadline=0.0)
     assert node.steps == []
+
+
+class _Container:
+    def __init__(self, error: Exception | None) -> None:
+        self.error, self.removes = error, 0
+
+    def remove(self, force: bool, v: bool) -> None:
+        self.removes += 1
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_container_whose_removal_is_under_way_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI: a test cluster stopped and started again met 409 "removal of container ... is
+    already in progress"; the removal waits for the container to go instead of failing."""
+    import docker.errors
+
+    from lab.cluster_nodes import NodeContainers
+
+    busy = docker.errors.APIError(
+        "409 Client Error", explanation="removal of container abc is already in progress"
+    )
+    busy.response = _Response(409)
+    node = Cluster(name="t").nodes[1]
+    container = _Container(busy)
+    seen = iter([container, container, container, None])
+    containers = NodeContainers("t", "image")
+    monkeypatch.setattr(containers, "get", lambda n: next(seen))
+    monkeypatch.setattr(containers, "client", lambda: type("C", (), {"networks": _Networks()})())
+    monkeypatch.setattr("lab.cluster_nodes.time.sleep", lambda s: None)
+    containers.remove((node,))
+    assert container.removes == 1 and next(seen, "done") == "done"
+
+    other = docker.errors.APIError("500 Server Error", explanation="driver failed")
+    other.response = _Response(500)
+    monkeypatch.setattr(containers, "get", lambda n: _Container(other))
+    with pytest.raises(ClusterError, match="removing t-rmq2: 500"):
+        containers.remove((node,))
+    stuck = _Container(busy)
+    monkeypatch.setattr(containers, "get", lambda n: stuck)
+    with pytest.raises(ClusterError, match="still there after 0 s"):
+        containers.remove((node,), timeout=0)
+
+
+class _Response:
+    def __init__(self, status_code: int) -> None:
+        self.status_code, self.url, self.reason = status_code, "http+docker://localhost/c", "-"
+
+
+class _Networks:
+    def list(self, names: list[str]) -> list[object]:
+        return []

@@ -253,3 +253,24 @@ def test_no_ask_starts_after_the_settle_time(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(RetryTopologyError, match="cannot check"):
         g.check()
     assert scripted.calls == 60 and clock[0] == 29.5
+
+
+def test_a_connection_that_closes_during_the_wait_ends_the_check_with_pika_s_error() -> None:
+    """The consumer waits on ``connection.sleep``, which raises when the broker closes the
+    connection: the guard neither waits on nor judges anything more, and the pika error
+    reaches the consumer's ``translate`` (a ConnectionLost: reconnect, and check again)."""
+    import pika.exceptions as pe
+
+    from amqp_lab.connection import translate
+    from amqp_lab.errors import ConnectionLost
+
+    def closed(seconds: float) -> None:
+        raise pe.ConnectionClosedByBroker(320, "CONNECTION_FORCED - broker forced close")
+
+    g = TopologyGuard(SETTINGS, EXPECT, sleep=lambda s: pytest.fail("the guard's own sleep"))
+    scripted = Scripted(QueueViewIncomplete("down"), [])
+    g._ask = scripted  # type: ignore[method-assign,assignment]
+    with pytest.raises(pe.ConnectionClosedByBroker) as raised:
+        g.check(sleep=closed)
+    assert scripted.calls == 1 and not g._verified
+    assert isinstance(translate(raised.value, SETTINGS), ConnectionLost)
