@@ -267,7 +267,7 @@ class NodeContainers:
         A container another removal has under way (the engine answers 409 "removal ... is
         already in progress"; CI saw one as a test cluster was stopped and started again) or
         that went meanwhile (404) is waited for until it is gone, ``timeout`` seconds at most
-        (ClusterError after)."""
+        for each node (ClusterError after)."""
         import docker
 
         for node in nodes:

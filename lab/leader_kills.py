@@ -162,18 +162,27 @@ class ClusterChaos:
         self._wait("the workers consume", lambda: self.tally.update(self.pool.outputs) > 0)
         end = 0
         for i, size in enumerate(plan[:-1]):
+            # the slow lookups (management API) before the portion goes, so that once a third
+            # of it has been handed over only one stands between the kill and the rest
+            leader = self._leader()
+            on_node = self._connections_on(leader)
             before, end = end, end + size
             self.publisher.allow(size - 1 if i == 0 else size)
             for late in range(LATE_KILLS + 1):
                 self._wait("publishing and consuming", partial(self._mid, before, end - before))
-                failover = self._failover(end, may_defer=late < LATE_KILLS)
+                # what a held-back kill publishes first comes out of the last portion, which
+                # keeps half of its messages at least
+                extra = max(1, size // 4)
+                spare = self.publisher.count - self.publisher.allowed - sum(plan[i + 1 : -1])
+                may_defer = late < LATE_KILLS and spare - extra >= plan[-1] // 2
+                failover = self._failover(end, leader, on_node, may_defer)
                 if failover is not None:
                     break
-                # the portion was all handed over and consumed before the kill could go (the
-                # leader and connection lookups are slow on a loaded machine): publish part of
-                # the next portion now and aim the kill at it (allow is capped at the count)
-                before, end = self.publisher.handed, self.publisher.handed + max(1, size // 2)
-                self.publisher.allow(end - before)
+                leader = self._leader()
+                on_node = self._connections_on(leader)
+                before = self.publisher.handed
+                self.publisher.allow(extra)
+                end = self.publisher.allowed
             assert failover is not None
             self.failovers.append(failover)
         self.publisher.allow(plan[-1])
@@ -186,15 +195,20 @@ class ClusterChaos:
         third = self.publisher.handed - before >= max(1, size // 3)
         return third and bool(self.pool.busy(within=0.5))
 
-    def _failover(self, end: int, may_defer: bool = False) -> Failover | None:
-        """Kill the leader's node while the portion ending at message ``end`` is published.
-        With ``may_defer``: None, and no kill, when by the time the leader is known the
-        portion has been handed over whole or no worker settled a delivery in the last 0.5 s
-        (a kill then would find nothing in flight, and nothing would show the consumers
-        resume)."""
-        leader = self._leader()
-        on_node = [n for n, node in connections_by_node(self.settings).items() if node == leader]
-        confirmed_leader = self._leader()  # again, right before the kill: still the same node?
+    def _connections_on(self, node: str) -> list[str]:
+        """The client-provided names of the vhost's connections that ``node`` carries."""
+        return [n for n, on in connections_by_node(self.settings).items() if on == node]
+
+    def _failover(
+        self, end: int, leader: str, on_node: list[str], may_defer: bool = False
+    ) -> Failover | None:
+        """Kill ``leader``'s node (``on_node``: the connections it carries) while the portion
+        ending at message ``end`` is published, once the management API confirms it still
+        leads. With ``may_defer``: None, and no kill, when by then the portion has been
+        handed over whole or no worker settled a delivery in the last 0.5 s (a kill would find
+        nothing in flight, and nothing would show the consumers resume: CI on a loaded
+        machine waited 90 s for that)."""
+        confirmed_leader = self._leader()  # right before the kill: still the same node?
         consuming = bool(self.pool.busy(within=0.5))
         if may_defer and not (consuming and self.publisher.handed < end):
             self.log(

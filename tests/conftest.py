@@ -23,10 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 _broker: TestBroker | None = None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With pytest-xdist (``-n N --dist loadgroup``) every worker has a test broker of its
     own; tests that use something fixed beside it - the three-node cluster's container names
-    and ports - run in one group, one after the other."""
+    and ports - run in one group, one after the other. First of the hooks: xdist reads the
+    group in its own (a group added after it is none, pytest-dev/pytest-xdist#1241; two
+    workers then ran test_cluster's module fixture at once, each stopping the other's
+    cluster). tests/unit/test_xdist_groups.py checks that the groups hold."""
     for item in items:
         if item.get_closest_marker("cluster") or item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("shared-docker"))

@@ -235,11 +235,14 @@ class _Cluster:
 
 
 class _Publisher:
-    def __init__(self, handed: int) -> None:
-        self.handed, self.reconnects, self.allowed = handed, 0, 0
+    def __init__(self, handed: int, count: int = 200) -> None:
+        self.handed, self.reconnects, self.allowed, self.count = handed, 0, 0, count
 
     def allow(self, messages: int) -> None:
-        self.allowed += messages
+        self.allowed = min(self.count, self.allowed + messages)
+
+    def is_alive(self) -> bool:
+        return False
 
 
 class _Pool:
@@ -263,7 +266,6 @@ def test_a_kill_that_would_find_nothing_in_flight_is_deferred(
     consumers to resume with nothing to consume (publishing=False, consuming=False)."""
     import lab.leader_kills as lk
 
-    monkeypatch.setattr(lk, "connections_by_node", lambda settings: {})
     cluster = _Cluster()
     chaos = lk.ClusterChaos(
         cluster,  # type: ignore[arg-type]
@@ -276,9 +278,53 @@ def test_a_kill_that_would_find_nothing_in_flight_is_deferred(
     )
     if kills:
         with pytest.raises(_Killed):
-            chaos._failover(66, may_defer=True)
+            chaos._failover(66, "rabbit@rmq1", [], may_defer=True)
     else:
-        assert chaos._failover(66, may_defer=True) is None
+        assert chaos._failover(66, "rabbit@rmq1", [], may_defer=True) is None
     assert cluster.kills == kills
     with pytest.raises(_Killed):  # the last try kills whatever it finds
-        chaos._failover(66, may_defer=False)
+        chaos._failover(66, "rabbit@rmq1", [], may_defer=False)
+
+
+@pytest.mark.parametrize(
+    ("late", "ends", "allowed"),
+    [
+        (set(), [66, 132], [66, 132]),
+        ({1}, [66, 82, 148], [66, 82, 148]),  # a quarter of a portion more, then the kill
+        ({1, 2, 3}, [66, 82, 98, 164], [66, 82, 98, 164]),  # the last portion keeps half
+        ({2}, [66, 132, 148], [66, 132, 148]),
+    ],
+    ids=["on-time", "first-late", "first-late-twice", "second-late"],
+)
+def test_a_held_back_kill_publishes_a_quarter_portion_more_taken_from_the_last(
+    monkeypatch: pytest.MonkeyPatch, late: set[int], ends: list[int], allowed: list[int]
+) -> None:
+    """ClusterChaos.run with 200 messages and 2 kills (portions 66, 66, 68): a kill held back
+    is aimed at what the publisher was allowed (end == allowed, so ``publishing`` means
+    messages still to go), and no deferral eats into the portions of the kills after it or
+    into more than half of the last (a kill found late then goes as it is)."""
+    import lab.leader_kills as lk
+
+    publisher = _Publisher(0)
+    chaos = lk.ClusterChaos(
+        _Cluster(),  # type: ignore[arg-type]
+        BrokerSettings("amqp://guest:guest@127.0.0.1:5999/x"),
+        "q:tasks",
+        publisher,  # type: ignore[arg-type]
+        type("P", (), {"start_all": lambda self: None})(),
+        None,  # type: ignore[arg-type]
+        log=lambda line: None,
+    )
+    calls: list[tuple[int, int, bool]] = []
+
+    def failover(end: int, leader: str, on_node: list[str], may_defer: bool) -> object | None:
+        calls.append((end, publisher.allowed, may_defer))
+        return None if may_defer and len(calls) in late else object()
+
+    monkeypatch.setattr(chaos, "_wait", lambda what, done, timeout=None: True)
+    monkeypatch.setattr(chaos, "_leader", lambda: "rabbit@rmq1")
+    monkeypatch.setattr(chaos, "_connections_on", lambda node: [])
+    monkeypatch.setattr(chaos, "_failover", failover)
+    assert len(chaos.run(2)) == 2
+    assert [c[0] for c in calls] == ends and [c[1] for c in calls] == allowed
+    assert publisher.allowed == 200  # the last portion went all the same
