@@ -162,27 +162,25 @@ class ClusterChaos:
         self._wait("the workers consume", lambda: self.tally.update(self.pool.outputs) > 0)
         end = 0
         for i, size in enumerate(plan[:-1]):
-            # the slow lookups (management API) before the portion goes, so that once a third
-            # of it has been handed over only one stands between the kill and the rest
-            leader = self._leader()
-            on_node = self._connections_on(leader)
-            before, end = end, end + size
-            self.publisher.allow(size - 1 if i == 0 else size)
+            # what a held-back kill publishes first comes out of the last portion, which keeps
+            # half of its messages at least
+            extra, before = max(1, size // 4), end
+            allowance = size - 1 if i == 0 else size
             for late in range(LATE_KILLS + 1):
+                # the slow lookups (management API) before the messages go, so that once a
+                # third of them have been handed over only one stands between the kill and
+                # the rest
+                leader = self._leader()
+                on_node = self._connections_on(leader)
+                self.publisher.allow(allowance)
+                end = self.publisher.allowed
                 self._wait("publishing and consuming", partial(self._mid, before, end - before))
-                # what a held-back kill publishes first comes out of the last portion, which
-                # keeps half of its messages at least
-                extra = max(1, size // 4)
                 spare = self.publisher.count - self.publisher.allowed - sum(plan[i + 1 : -1])
                 may_defer = late < LATE_KILLS and spare - extra >= plan[-1] // 2
                 failover = self._failover(end, leader, on_node, may_defer)
                 if failover is not None:
                     break
-                leader = self._leader()
-                on_node = self._connections_on(leader)
-                before = self.publisher.handed
-                self.publisher.allow(extra)
-                end = self.publisher.allowed
+                allowance, before = extra, self.publisher.handed
             assert failover is not None
             self.failovers.append(failover)
         self.publisher.allow(plan[-1])
