@@ -74,15 +74,19 @@ def test_start_ups_garbage_is_collected_not_frozen() -> None:
     restore_gc(settings)
 
 
-def test_objects_someone_else_froze_stay_frozen() -> None:
+def test_objects_someone_else_froze_stay_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
     """tune_gc freezes only when nothing is frozen: restore_gc's unfreeze would otherwise
-    release what the application froze itself."""
+    release what the application froze itself. (The frozen count itself can drop between two
+    reads - a frozen object another thread frees is gone - so CI once saw 180,311 against
+    180,313: what is asserted is that nothing was unfrozen.)"""
     gc.freeze()
     frozen = gc.get_freeze_count()
+    unfrozen: list[int] = []
+    monkeypatch.setattr(gc, "unfreeze", lambda: unfrozen.append(gc.get_freeze_count()))
     settings = tune_gc(20_000)
     assert not settings.froze and gc.get_threshold()[0] == 20_000
     restore_gc(settings)
-    assert gc.get_freeze_count() == frozen
+    assert unfrozen == [] and gc.get_freeze_count() > frozen // 2
 
 
 def test_cycles_are_still_collected_under_the_raised_threshold() -> None:
