@@ -7,8 +7,11 @@ run, and commit-to-confirm latency.
   message_id; timed until the last confirm); then N rows over ``--keys`` ordering keys, committed
   in transactions of 500 before the clock starts, are relayed by one ``OutboxRelay`` (timed from
   its start until every row is confirmed and recorded as sent). The ratio is the target (>=
-  0.7x). With ``--one-key M`` also M rows on a single key: a key goes one confirm round trip
-  per message.
+  0.7x). Each path is also timed from its first publisher confirm (``*_steady``): the
+  publisher's clock starts once it is connected, the relay's before it connects to the
+  database and the broker and takes its first lease, so the first figure counts the relay's
+  start and the second counts neither path's. With ``--one-key M`` also M rows on a single
+  key: a key goes one confirm round trip per message.
 * **Latency.** Writers commit one row per transaction at ``--rate`` rows/s for ``--seconds``
   while a relay runs; from each transaction's commit (returned) to the relay seeing its
   publisher confirm: p50 and p99 (ms), woken by NOTIFY on PostgreSQL, by polling on SQLite.
@@ -17,7 +20,8 @@ The outbox is a fresh database on the PostgreSQL server of ``--postgres`` (creat
 the shared server is only written to), or a SQLite file (``--store sqlite``).
 
     python benchmarks/outbox.py [--store postgresql|sqlite] [--messages 20000] [--keys 1000]
-        [--repeat 3] [--window 1000] [--batch 500] [--rate 200] [--seconds 10] [--json]
+        [--repeat 3] [--window 1000] [--batch 500] [--batches 2] [--rate 200] [--seconds 10]
+        [--one-key 2000] [--json]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,7 @@ from amqp_lab.outbox.outcomes import Verdict
 from amqp_lab.outbox.relay import OutboxRelay
 from amqp_lab.outbox.row import OutboxRow
 from amqp_lab.outbox.store import OutboxStore
+from amqp_lab.publishing.observer import NoPublisherObserver
 from amqp_lab.publishing.pipelined import PipelinedPublisher
 from amqp_lab.settings import BrokerSettings
 
@@ -77,6 +83,32 @@ class Counting(NoRelayObserver):
             self.sent += 1
             if self.sent >= self.expected:
                 self.seen.set()
+
+
+class FirstOutcome(NoPublisherObserver):
+    """When the publisher settled its first publish (perf_counter; None before)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def outcome(self, exchange: str, outcome: str) -> None:
+        if self.at is None:
+            self.at = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One path's msg/s over ``n`` messages: ``total`` from its start (the relay's start, or
+    the publisher's first publish) to its end, ``steady`` from its first publisher confirm to
+    its end - what each path does once it runs, without the relay's connections and first
+    lease, and without either path's first confirm round trip."""
+
+    total: float
+    steady: float
+
+
+def rate(n: int, started: float, first: float | None, ended: float) -> Rate:
+    return Rate(n / (ended - started), n / (ended - (first if first is not None else started)))
 
 
 @contextmanager
@@ -117,20 +149,22 @@ def message(queue: str, message_id: str) -> OutgoingMessage:
     return OutgoingMessage(body=BODY, message_id=message_id, exchange="", routing_key=queue)
 
 
-def pipelined(settings: BrokerSettings, n: int, window: int) -> float:
-    """msg/s of PipelinedPublisher.publish_many on ``n`` messages, until the last outcome."""
+def pipelined(settings: BrokerSettings, n: int, window: int) -> Rate:
+    """PipelinedPublisher.publish_many on ``n`` messages, connected before the clock starts,
+    until the last outcome."""
     queue = fresh_queue(settings)
     batch = [message(queue, f"p-{i}") for i in range(n)]
+    first = FirstOutcome()
     try:
-        with PipelinedPublisher(settings, window=window) as publisher:
+        with PipelinedPublisher(settings, window=window, observer=first) as publisher:
             started = time.perf_counter()
             result = publisher.publish_many(batch).wait(600)
-            elapsed = time.perf_counter() - started
+            ended = time.perf_counter()
     finally:
         delete_queue(settings, queue)
     if result.failures:
         raise SystemExit(f"publisher: {len(result.failures)} failures: {result.failures[0][1]}")
-    return n / elapsed
+    return rate(n, started, first.at, ended)
 
 
 def fill(url: str, queue: str, n: int, keys: int, tag: str) -> None:
@@ -147,15 +181,16 @@ def fill(url: str, queue: str, n: int, keys: int, tag: str) -> None:
 
 def relayed(
     settings: BrokerSettings, url: str, n: int, keys: int, args: argparse.Namespace
-) -> float:
-    """msg/s of one relay over ``n`` committed rows on ``keys`` keys (0: none), from its start
-    until every row is confirmed and recorded."""
+) -> Rate:
+    """One relay over ``n`` committed rows on ``keys`` keys (0: none), from its start (its
+    connections included) until every row is confirmed and recorded."""
     queue = fresh_queue(settings)
     try:
         fill(url, queue, n, keys, f"r{uuid.uuid4().hex[:6]}")
         counting = Counting(n)
-        config = RelayConfig(batch_rows=args.batch, window=args.window)
-        relay = OutboxRelay(settings, url, config, observer=counting)
+        config = RelayConfig(batch_rows=args.batch, window=args.window, batches=args.batches)
+        first = FirstOutcome()
+        relay = OutboxRelay(settings, url, config, observer=counting, publisher_observer=first)
         started = time.perf_counter()
         relay.start_thread()
         store = OutboxStore(url)
@@ -164,14 +199,14 @@ def relayed(
                 raise SystemExit(f"relay: {counting.sent} of {n} sent in 600 s")
             while store.status().pending:  # recorded as sent, not only confirmed
                 time.sleep(0.005)
-            elapsed = time.perf_counter() - started
+            ended = time.perf_counter()
         finally:
             store.close()
             relay.stop()
             relay.join(60)
     finally:
         delete_queue(settings, queue)
-    return n / elapsed
+    return rate(n, started, first.at, ended)
 
 
 def latency(settings: BrokerSettings, url: str, args: argparse.Namespace) -> dict[str, float]:
@@ -223,6 +258,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed in flight")
     parser.add_argument("--batch", type=int, default=500, help="rows per relay lease")
+    parser.add_argument("--batches", type=int, default=2, help="relay batches in flight")
     parser.add_argument("--rate", type=float, default=200.0, help="latency: rows/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency: duration")
     add_gc_option(parser)  # the worker's and relay's option, parsed the same way
@@ -239,32 +275,31 @@ def main() -> int:
     args = parse_args()
     settings = settings_from_env("amqp-lab bench outbox", heartbeat=60)
     tune_gc(args.gc_young_threshold)  # what amqp-lab-relay does once started, for both paths
-    publisher: list[float] = []
-    relay: list[float] = []
+    publisher: list[Rate] = []
+    relay: list[Rate] = []
     one_key: list[float] = []
     with outbox_database(args) as url:
         OutboxStore(url).close()
         for r in range(args.repeat):
-            pair: list[tuple[str, Callable[[], float]]] = [
+            pair: list[tuple[str, Callable[[], Rate]]] = [
                 ("publisher", lambda: pipelined(settings, args.messages, args.window)),
                 ("relay", lambda: relayed(settings, url, args.messages, args.keys, args)),
             ]
             for name, measure in pair if r % 2 == 0 else pair[::-1]:
                 value = measure()
                 (publisher if name == "publisher" else relay).append(value)
-                print(f"repetition {r + 1}: {name} {value:,.0f} msg/s", file=sys.stderr)
+                print(
+                    f"repetition {r + 1}: {name} {value.total:,.0f} msg/s"
+                    f" (from the first confirm {value.steady:,.0f})",
+                    file=sys.stderr,
+                )
             if args.one_key:
-                one_key.append(relayed(settings, url, args.one_key, 1, args))
+                one_key.append(relayed(settings, url, args.one_key, 1, args).total)
         lat = latency(settings, url, args)
-    ratios = [a / b for a, b in zip(relay, publisher, strict=True)]
     summary: dict[str, Any] = {
         "store": args.store,
-        "publisher_msg_s": round(statistics.median(publisher)),
-        "publisher_msg_s_range": [round(min(publisher)), round(max(publisher))],
-        "relay_msg_s": round(statistics.median(relay)),
-        "relay_msg_s_range": [round(min(relay)), round(max(relay))],
-        "relay_vs_publisher": round(statistics.median(relay) / statistics.median(publisher), 3),
-        "relay_vs_publisher_range": [round(min(ratios), 3), round(max(ratios), 3)],
+        **compare([p.total for p in publisher], [r.total for r in relay], ""),
+        **compare([p.steady for p in publisher], [r.steady for r in relay], "_steady"),
         "relay_one_key_msg_s": round(statistics.median(one_key)) if one_key else None,
         **lat,
         "messages": args.messages,
@@ -273,6 +308,7 @@ def main() -> int:
         "repeat": args.repeat,
         "window": args.window,
         "batch": args.batch,
+        "batches": args.batches,
         "body_bytes": len(BODY),
         "latency_rate": args.rate,
         "gc_young_threshold": args.gc_young_threshold,
@@ -281,6 +317,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, allow_nan=False))
     return EXIT_OK
+
+
+def compare(publisher: list[float], relay: list[float], suffix: str) -> dict[str, Any]:
+    """Medians, ranges and the ratio of the two paths' msg/s, the keys ending in ``suffix``."""
+    ratios = [a / b for a, b in zip(relay, publisher, strict=True)]
+    return {
+        f"publisher{suffix}_msg_s": round(statistics.median(publisher)),
+        f"publisher{suffix}_msg_s_range": [round(min(publisher)), round(max(publisher))],
+        f"relay{suffix}_msg_s": round(statistics.median(relay)),
+        f"relay{suffix}_msg_s_range": [round(min(relay)), round(max(relay))],
+        f"relay_vs_publisher{suffix}": round(
+            statistics.median(relay) / statistics.median(publisher), 3
+        ),
+        f"relay_vs_publisher{suffix}_range": [round(min(ratios), 3), round(max(ratios), 3)],
+    }
 
 
 def print_report(s: dict[str, Any]) -> None:
@@ -295,6 +346,11 @@ def print_report(s: dict[str, Any]) -> None:
     print(
         f"  relay / publisher        {s['relay_vs_publisher']:>8}        "
         f"{s['relay_vs_publisher_range']} (target >= 0.7)"
+    )
+    print(
+        f"  from the first confirm   publisher {s['publisher_steady_msg_s']:,}, relay"
+        f" {s['relay_steady_msg_s']:,} msg/s: {s['relay_vs_publisher_steady']}"
+        f" {s['relay_vs_publisher_steady_range']}"
     )
     if s["relay_one_key_msg_s"] is not None:
         print(f"  relay, one key           {s['relay_one_key_msg_s']:>8,} msg/s")
