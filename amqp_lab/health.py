@@ -54,13 +54,15 @@ def queue_health(settings: BrokerSettings, queue: str) -> QueueHealth:
         return QueueHealth(queue, True, int(ok.message_count), int(ok.consumer_count))
 
 
-def outbox_health(outbox: str | Path) -> tuple[OutboxStatus, str]:
+def outbox_health(outbox: str | Path, lock_timeout: float = 5.0) -> tuple[OutboxStatus, str]:
     """The outbox at ``outbox`` (a SQLite path or a PostgreSQL URL) now, and its location with
     the password masked; :func:`~amqp_lab.outbox.status.outbox_problems` says what is wrong.
     A relay that runs is no proof: rows can wait because every relay is down, the broker
     refuses them or the broker is unreachable, which only the outbox itself shows. Raises
-    OutboxError / OutboxUnavailable when the database cannot be read."""
-    store = OutboxStore(outbox)
+    OutboxError / OutboxUnavailable when the database cannot be read - PostgreSQL: also when
+    the table stays locked (a migration, ``LOCK TABLE``) past ``lock_timeout`` seconds, so a
+    check never hangs on a lock."""
+    store = OutboxStore(outbox, lock_timeout=lock_timeout)
     try:
         return store.status(), store.location
     finally:

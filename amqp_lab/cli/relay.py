@@ -48,6 +48,8 @@ from amqp_lab.settings import BrokerSettings, mask_url
 __all__ = ["WorkerRelay", "add_outbox_options", "entry", "main", "start_worker_relay"]
 
 COMMANDS = ("run", "status", "retry", "discard", "schema")
+OPERATOR_LOCK_TIMEOUT = 10.0
+"""Seconds ``status`` / ``retry`` / ``discard`` wait for a lock on the outbox (PostgreSQL)."""
 
 
 def _relay_options(parser: argparse.ArgumentParser | Any, prefix: str = "--") -> None:
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None, *, default_outbox: Callable[[], str] | N
         args.outbox_url = default_outbox()
     if args.command == "run":
         return _run(args)
-    store = OutboxStore(args.outbox_url)
+    # an operator's command: a table locked by a migration is a one-line error, not a hang
+    store = OutboxStore(args.outbox_url, lock_timeout=OPERATOR_LOCK_TIMEOUT)
     try:
         return _operate(store, args)
     finally:

@@ -25,6 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
+from amqp_lab.dedup.ddl import create_missing
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -74,10 +75,8 @@ class PostgresDedupStore(SqlStore):
         self._all: list[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
 
-        def create(db: HandlerDb) -> None:
-            db.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
-            for statement in schema("postgresql"):
-                db.execute(statement)
+        def create(db: HandlerDb) -> None:  # no table lock when the tables exist
+            create_missing(db, schema("postgresql"), _SCHEMA_LOCK)
 
         self._run("create the schema in", create)
 

@@ -64,8 +64,14 @@ class OutboxDb:
     """The connection to the outbox in the database ``url_or_path`` names
     (:func:`amqp_lab.dedup.store_kind`: a SQLite path or ``sqlite:///PATH``,
     ``postgresql://...``). ``clock``: SQLite's time (epoch seconds); ``busy_timeout`` (s): how
-    long SQLite waits for the write lock; ``connect_timeout`` (s): PostgreSQL's. The tables
-    are created when missing."""
+    long SQLite waits for the write lock; ``connect_timeout`` (s): PostgreSQL's;
+    ``lock_timeout`` (s, PostgreSQL; None: the server's, by default none): how long one of
+    this connection's statements waits for a lock - a table an operator's ``LOCK TABLE`` or a
+    migration holds, a row another transaction holds - before it fails with
+    ``lock_not_available``, raised as OutboxUnavailable (set on every connection opened,
+    before the tables are created;
+    https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT). The
+    tables are created when missing."""
 
     def __init__(
         self,
@@ -75,12 +81,16 @@ class OutboxDb:
         connect_timeout: int = 10,
         application_name: str = "amqp-lab relay",
         relay_session: bool = False,
+        lock_timeout: float | None = None,
     ) -> None:
         self.dialect: Dialect
         self.dialect, self.target = store_kind(url_or_path)
         self._clock = clock
         self._busy_timeout = busy_timeout
         self._connect_timeout = connect_timeout
+        if lock_timeout is not None and not lock_timeout > 0:
+            raise ValueError("lock_timeout must be > 0 seconds (or None)")
+        self._lock_timeout = lock_timeout
         self._application_name = application_name
         self._password = ""
         if self.dialect == "postgresql":
@@ -133,6 +143,12 @@ class OutboxDb:
                 connect_timeout=self._connect_timeout,
                 application_name=self._application_name,
             )
+            if self._lock_timeout is not None:  # for the session: committed before any work
+                milliseconds = f"{max(1, round(self._lock_timeout * 1000))}ms"
+                self._connection.execute(
+                    "SELECT set_config('lock_timeout', %s, false)", (milliseconds,)
+                )
+                self._connection.commit()
             if self.relay_session:
                 self._start_session()
         else:

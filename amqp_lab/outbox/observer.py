@@ -37,7 +37,11 @@ class RelayConfig:
       publisher closed: the rest count as lost and go again);
     * ``idle_exit``: stop after this long with nothing leased and nothing in flight (None:
       never);
-    * ``drain_timeout``: at stop, how long to wait for the confirms in flight.
+    * ``drain_timeout``: at stop, how long to wait for the confirms in flight;
+    * ``lock_timeout``: PostgreSQL, how long one of the relay's statements waits for a lock (a
+      table locked by a migration or an operator, a row by a long transaction); one that
+      waits longer fails, and the relay treats it as an outage: it backs off and tries again,
+      its leases left to expire meanwhile, and a stop is not held up by the lock.
     """
 
     batch_rows: int = 500
@@ -54,6 +58,7 @@ class RelayConfig:
     publish_timeout: float = 120.0
     idle_exit: float | None = None
     drain_timeout: float = 10.0
+    lock_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.batch_rows < 1 or self.batch_bytes < 1 or self.batches < 1 or self.window < 1:
@@ -64,6 +69,8 @@ class RelayConfig:
             raise ValueError("keep_sent and retry_base must be >= 0, retry_cap >= retry_base")
         if not self.status_interval > 0 or not self.publish_timeout > 0:
             raise ValueError("status_interval and publish_timeout must be > 0 seconds")
+        if not self.lock_timeout > 0:
+            raise ValueError("lock_timeout must be > 0 seconds")
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ class OutboxRelay:
         """The store (retried while the database is unreachable), the listener, the lock."""
         while self._store is None and not self._stopping.is_set():
             try:
-                self._store = OutboxStore(self.outbox, clock=self.clock, relay_session=True)
+                self._store = self._lease_store()
             except OutboxUnavailable as e:
                 self._outage.down(e)
                 self._stopping.wait(max(0.0, self._outage.ok_at - time.monotonic()))
@@ -190,7 +190,8 @@ class OutboxRelay:
             self._leaser = Leaser(self._lease_store, self._on_outcome)
 
     def _lease_store(self) -> OutboxStore:
-        return OutboxStore(self.outbox, clock=self.clock, relay_session=True)
+        lock = self.config.lock_timeout
+        return OutboxStore(self.outbox, clock=self.clock, relay_session=True, lock_timeout=lock)
 
     def _on_outcome(self) -> None:
         """Once per publish outcome (on the publisher's thread; on the loop's own when a
@@ -323,8 +324,7 @@ class OutboxRelay:
 
     def _poll(self, store: OutboxStore) -> float:
         """The longest sleep without a wake-up: ``poll``, or 2 s on PostgreSQL (NOTIFY wakes
-        the relay) and 0.1 s on SQLite (nothing does; a poll there is one cheap local
-        read)."""
+        the relay) and 0.1 s on SQLite (nothing does; a poll there is a cheap local read)."""
         return self.config.poll or (2.0 if store.dialect == "postgresql" else 0.1)
 
     def _ensure_publisher(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 
 from amqp_lab.dedup.base import HandlerDb
+from amqp_lab.dedup.ddl import create_missing
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox.row import RowValues, row_values
@@ -232,7 +233,6 @@ def create_schema(connection: Any) -> None:
 
 
 def _create(db: HandlerDb) -> None:
-    if db.dialect == "postgresql":
-        db.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-    for statement in schema(db.dialect):
-        db.execute(statement)
+    """The outbox's tables, unless they exist (:func:`~amqp_lab.dedup.ddl.create_missing`:
+    no table lock then)."""
+    create_missing(db, schema(db.dialect), SCHEMA_LOCK)

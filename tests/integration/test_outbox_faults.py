@@ -1,11 +1,13 @@
 """The outbox when things go wrong around it: relays racing for rows, a PostgreSQL restarted
 under a running relay and its writers, the broker's connection cut mid-publish, the broker
 refusing connections at the relay's start, a memory alarm blocking the relay, a scheduled row
-cancelled while a relay holds it. Every committed row is published, per key in commit order;
-a copy may go twice (the consumer's dedup absorbs it), none is lost."""
+cancelled while a relay holds it, the outbox table locked under a running relay. Every
+committed row is published, per key in commit order; a copy may go twice (the consumer's
+dedup absorbs it), none is lost."""
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -268,3 +270,62 @@ def test_a_scheduled_row_cancelled_while_a_relay_holds_it_is_not_cancelled(
             assert cancel(db, "k0/soon") is CancelResult.SENT
         store.close()
         assert [p.message_id for _, p, _ in get_all(topology, "q:tasks")] == ["k0/soon"]
+
+
+@contextmanager
+def table_locked(url: str) -> Iterator[None]:
+    """The outbox table held ACCESS EXCLUSIVE, as a migration or an operator's ``LOCK TABLE``
+    holds it, until the block ends."""
+    with psycopg.connect(url) as db:
+        db.execute("LOCK TABLE amqp_lab_outbox IN ACCESS EXCLUSIVE MODE")
+        try:
+            yield
+        finally:
+            db.rollback()
+
+
+def add_rows(url: str, message_ids: list[str]) -> None:
+    with psycopg.connect(url) as db:
+        for message_id in message_ids:
+            add(db, message_for(NAMES, {"n": 1}, message_id=message_id), key="k0")
+        db.commit()
+
+
+@pytest.mark.timeout(120)
+def test_a_locked_outbox_table_is_an_outage_that_holds_up_no_stop(
+    topology: BrokerSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the table is locked the relay's statements give up after its ``lock_timeout``:
+    an outage (one warning, backoff, no failure), and once the lock is gone the relay goes on.
+    A stop while the table is locked ends within its bounds: before, the relay waited for the
+    lock with no end (its stop held until the lock went)."""
+    with temp_database() as url:
+        OutboxStore(url).close()
+        add_rows(url, [f"k0/{n}" for n in range(5)])
+        with relays(topology, url, 1, lock_timeout=0.5, drain_timeout=1.0) as (relay,):
+            drained(url)
+            with caplog.at_level(logging.WARNING, "amqp_lab.outbox.relay"):
+                with table_locked(url):
+                    wait_for(
+                        lambda: "database is unavailable" in caplog.text,
+                        20,
+                        0.1,
+                        "the relay's statements giving up on the lock",
+                    )
+                    assert "lock timeout" in caplog.text  # PostgreSQL's lock_not_available
+                add_rows(url, [f"k0/{n}" for n in range(5, 10)])
+                drained(url, 30)
+                assert "the outbox database is back" in caplog.text
+            assert relay.failure is None
+            with table_locked(url):
+                started = time.monotonic()
+                relay.stop()
+                relay.join(20)
+                stopping = time.monotonic() - started
+                thread = relay._thread
+                assert thread is not None and not thread.is_alive(), "the stop waited for the lock"
+        # the drain (1 s), the leaser's wait (1 s) and a few statements of 0.5 s each
+        assert stopping < 10, stopping
+        got, duplicates = first_seen_order(topology)
+        assert got == {"k0": [f"k0/{n}" for n in range(10)]}
+        assert duplicates == 0

@@ -42,6 +42,7 @@ from amqp_lab.outbox.row import (
 )
 from amqp_lab.outbox.schema import schema
 from amqp_lab.outbox.status import OutboxStatus, RelaySeen, outbox_problems
+from amqp_lab.outbox.store import OutboxStore
 from tests.amqp_values import field_tables, same
 
 pytestmark = pytest.mark.unit
@@ -417,3 +418,14 @@ def test_a_chain_deferred_behind_its_keys_earlier_rows_goes_or_is_dropped() -> N
     assert dropped.start(defer={7}) == [] and not dropped.done
     dropped.drop(7)
     assert dropped.done and sorted(dropped.unattempted()) == [7, 8]
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan])
+def test_a_lock_timeout_that_bounds_nothing_is_refused(seconds: float, tmp_path: Any) -> None:
+    """The relay's lock_timeout must be a positive number of seconds, in its config and in
+    the store it opens (nan compares false with everything, so ``> 0`` refuses it too)."""
+    with pytest.raises(ValueError, match="lock_timeout"):
+        RelayConfig(lock_timeout=seconds)
+    with pytest.raises(ValueError, match="lock_timeout"):
+        OutboxStore(tmp_path / "outbox.sqlite3", lock_timeout=seconds)
+    assert not (tmp_path / "outbox.sqlite3").exists()  # refused before any file was made
