@@ -108,7 +108,10 @@ class Rate:
 
 
 def rate(n: int, started: float, first: float | None, ended: float) -> Rate:
-    return Rate(n / (ended - started), n / (ended - (first if first is not None else started)))
+    """``steady``: the n - 1 outcomes after the first, over the time after it."""
+    if first is None or n < 2:
+        return Rate(n / (ended - started), n / (ended - started))
+    return Rate(n / (ended - started), (n - 1) / (ended - first))
 
 
 @contextmanager

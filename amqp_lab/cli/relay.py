@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -46,6 +47,8 @@ from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.settings import BrokerSettings, mask_url
 
 __all__ = ["WorkerRelay", "add_outbox_options", "entry", "main", "start_worker_relay"]
+
+log = logging.getLogger("amqp_lab.outbox.relay")
 
 COMMANDS = ("run", "status", "retry", "discard", "schema")
 OPERATOR_LOCK_TIMEOUT = 10.0
@@ -247,7 +250,15 @@ class WorkerRelay:
         if self.relay is None:
             return
         self.relay.stop("the worker stopped")
-        self.relay.join(self.relay.config.drain_timeout + 15)
+        config = self.relay.config  # a table lock makes three statements wait lock_timeout
+        bound = config.drain_timeout + 3 * config.lock_timeout + 5
+        self.relay.join(bound)
+        if self.relay.running:  # the database slower still (connect_timeout, busy_timeout)
+            log.warning(
+                "the outbox relay did not stop within %g s; its leases expire, and rows confirmed"
+                " but not recorded go again (same message_id)",
+                bound,
+            )
         if self.relay.failure is not None:
             raise self.relay.failure
 

@@ -36,7 +36,7 @@ from amqp_lab.outbox.sql import LEASE_SCANS, now_sql
 from amqp_lab.outbox.write import _create
 from amqp_lab.settings import mask_secrets, mask_url
 
-__all__ = ["RELAY_SESSION", "OutboxDb", "number"]
+__all__ = ["MAX_LOCK_TIMEOUT", "RELAY_SESSION", "OutboxDb", "check_lock_timeout", "number"]
 
 RELAY_SESSION = (
     "SET synchronous_commit = off",
@@ -58,6 +58,18 @@ def number(value: Any, default: float = 0.0) -> float:
     except (TypeError, ValueError):
         return default
     return result if math.isfinite(result) else default
+
+
+MAX_LOCK_TIMEOUT = 2_147_483.647
+"""PostgreSQL's largest ``lock_timeout``: INT_MAX milliseconds, in seconds."""
+
+
+def check_lock_timeout(seconds: float) -> None:
+    """Raise ValueError unless ``seconds`` is a ``lock_timeout`` PostgreSQL takes: finite, above
+    0, at most :data:`MAX_LOCK_TIMEOUT` (``inf`` made ``round`` raise OverflowError in the
+    relay's thread; a larger one was refused by the server at every connection)."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_LOCK_TIMEOUT):
+        raise ValueError(f"lock_timeout must be > 0 and <= {MAX_LOCK_TIMEOUT:,.3f} seconds")
 
 
 class OutboxDb:
@@ -88,8 +100,8 @@ class OutboxDb:
         self._clock = clock
         self._busy_timeout = busy_timeout
         self._connect_timeout = connect_timeout
-        if lock_timeout is not None and not lock_timeout > 0:
-            raise ValueError("lock_timeout must be > 0 seconds (or None)")
+        if lock_timeout is not None:
+            check_lock_timeout(lock_timeout)
         self._lock_timeout = lock_timeout
         self._application_name = application_name
         self._password = ""
@@ -105,11 +117,12 @@ class OutboxDb:
         self._run("create the outbox tables in", _create)
         self.relay_session = relay_session and self.dialect == "postgresql"
         if self.relay_session:  # from now on: this connection and every one reopened
-            self._run("set up a relay's session with", lambda db: self._start_session())
+            self._run(
+                "set up a relay's session with", lambda db: self._start_session(self._connection)
+            )
 
-    def _start_session(self) -> None:
-        """Turn the open PostgreSQL connection into a relay's session (:data:`RELAY_SESSION`)."""
-        connection = self._connection
+    def _start_session(self, connection: Any) -> None:
+        """Turn the PostgreSQL ``connection`` into a relay's session (:data:`RELAY_SESSION`)."""
         if connection.autocommit:
             return
         connection.commit()
@@ -137,20 +150,25 @@ class OutboxDb:
                 return self._connection
             self.close()
         if self.dialect == "postgresql":
-            self._connection = psycopg.connect(
+            connection = psycopg.connect(
                 self.target,
                 autocommit=False,
                 connect_timeout=self._connect_timeout,
                 application_name=self._application_name,
             )
-            if self._lock_timeout is not None:  # for the session: committed before any work
-                milliseconds = f"{max(1, round(self._lock_timeout * 1000))}ms"
-                self._connection.execute(
-                    "SELECT set_config('lock_timeout', %s, false)", (milliseconds,)
-                )
-                self._connection.commit()
-            if self.relay_session:
-                self._start_session()
+            try:  # set up whole or closed: never left half set up for the next call
+                if self._lock_timeout is not None:  # for the session: committed before any work
+                    milliseconds = f"{max(1, round(self._lock_timeout * 1000))}ms"
+                    connection.execute(
+                        "SELECT set_config('lock_timeout', %s, false)", (milliseconds,)
+                    )
+                    connection.commit()
+                if self.relay_session:
+                    self._start_session(connection)
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
         else:
             Path(self.target).parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from amqp_lab.outbox.db import check_lock_timeout
 from amqp_lab.outbox.outcomes import Verdict
 from amqp_lab.outbox.row import OutboxRow
 from amqp_lab.outbox.status import OutboxStatus
@@ -41,7 +42,8 @@ class RelayConfig:
     * ``lock_timeout``: PostgreSQL, how long one of the relay's statements waits for a lock (a
       table locked by a migration or an operator, a row by a long transaction); one that
       waits longer fails, and the relay treats it as an outage: it backs off and tries again,
-      its leases left to expire meanwhile, and a stop is not held up by the lock.
+      its leases left to expire meanwhile; a stop then ends within ``drain_timeout`` + 3
+      ``lock_timeout``. At most :data:`~amqp_lab.outbox.db.MAX_LOCK_TIMEOUT`.
     """
 
     batch_rows: int = 500
@@ -69,8 +71,7 @@ class RelayConfig:
             raise ValueError("keep_sent and retry_base must be >= 0, retry_cap >= retry_base")
         if not self.status_interval > 0 or not self.publish_timeout > 0:
             raise ValueError("status_interval and publish_timeout must be > 0 seconds")
-        if not self.lock_timeout > 0:
-            raise ValueError("lock_timeout must be > 0 seconds")
+        check_lock_timeout(self.lock_timeout)
 
 
 @dataclass(frozen=True)

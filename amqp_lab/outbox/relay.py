@@ -11,15 +11,17 @@ Up to ``batches`` batches are in flight, so leasing and recording overlap publis
 
 What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
 
-* the database is down or restarts: every store call raises OutboxUnavailable; the relay
-  retries with backoff and keeps its batches' outcomes until it can record them (a lease it
-  cannot renew expires: another relay publishes those rows again, a duplicate);
+* the database is down or restarts, or a lock on the table outlasts ``lock_timeout``: the
+  store call raises OutboxUnavailable; the relay retries with backoff and keeps its batches'
+  outcomes until it can record them (a lease it cannot renew expires: another relay
+  publishes those rows again, a duplicate);
 * the broker closes, blocks or restarts: the publisher republishes what is unconfirmed (same
   message_id) or fails it; a failed publisher is replaced after a backoff; rows without an
   answer are ``lost`` and leased again; the credentials or the vhost refused are fatal;
 * the broker refuses a row: it stays with its error and holds its key's later rows only;
 * the relay is stopped: it waits ``drain_timeout`` for the confirms in flight, records, and
-  releases its leases; killed, its leases expire (SQLite: the next relay releases them).
+  releases its leases (a lock on the table: within ``drain_timeout`` + 3 ``lock_timeout``);
+  killed, its leases expire (SQLite: the next relay releases them).
 """
 
 from __future__ import annotations
@@ -133,6 +135,11 @@ class OutboxRelay:
         self._thread = threading.Thread(target=target, name="amqp-lab-outbox-relay", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread :meth:`start_thread` started still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread :meth:`start_thread` started."""
         if self._thread is not None:
@@ -195,9 +202,9 @@ class OutboxRelay:
 
     def _on_outcome(self) -> None:
         """Once per publish outcome (on the publisher's thread; on the loop's own when a
-        hand-over fails at once): wake the loop unless it is
-        awake already (the loop clears the event before it takes the outcomes, so one queued
-        before a set event is seen; Event.set takes a lock and notifies every time)."""
+        hand-over fails at once): wake the loop unless it is awake already (the loop clears
+        the event before it takes the outcomes, so one queued before a set event is seen;
+        Event.set takes a lock and notifies every time)."""
         if not self._wake.is_set():
             self._wake.set()
 
@@ -335,22 +342,14 @@ class OutboxRelay:
     def _hold_lock(self, store: OutboxStore) -> bool:
         """SQLite: whether this relay holds the one-relay lock (taking it when free, then
         releasing the leases the last holder left). Always True on PostgreSQL."""
-        lock = self._lock
-        if lock is None or lock.held:
-            return True
         try:
-            if not lock.try_acquire():
-                self._next_lease = time.monotonic() + self._poll(store)
-                return False
-            released = store.reset_leases()
-        except OutboxUnavailable as e:
-            lock.release()
+            if self._lock is None or self._lock.take(store.reset_leases):
+                return True
+        except OutboxUnavailable as e:  # the lock released again
             self._outage.down(e)
             return False
-        except OSError as e:
-            raise OutboxError(f"cannot open the relay lock {lock.path}: {e}") from e
-        log.info("relay lock %s taken; %d stale lease(s) released", lock.path, released)
-        return True
+        self._next_lease = time.monotonic() + self._poll(store)
+        return False
 
     # --- housekeeping ----------------------------------------------------------------------------
     def _housekeeping(self) -> None:
@@ -378,8 +377,7 @@ class OutboxRelay:
             self.flight.take_outcomes()
             self._wake.wait(0.05)
             self._wake.clear()
-        # a lease still out is waited for (its rows are released below), at least a second
-        self._leaser.close(max(1.0, deadline - time.monotonic()))
+        self._leaser.close(max(1.0, deadline - time.monotonic()))  # a lease out: waited for
         self.flight.drop_publisher()  # what is still in flight fails now: lost
         self.flight.give_up()
         store = self._store

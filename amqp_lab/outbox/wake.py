@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 
+from amqp_lab.errors import OutboxError
 from amqp_lab.outbox.schema import NOTIFY_CHANNEL
 from amqp_lab.retry.policy import full_jitter
 from amqp_lab.settings import mask_url
@@ -31,6 +32,7 @@ from amqp_lab.settings import mask_url
 __all__ = ["NotifyListener", "RelayLock"]
 
 log = logging.getLogger(__name__)
+relay_log = logging.getLogger("amqp_lab.outbox.relay")  # the relay's own lines
 
 
 class NotifyListener:
@@ -123,6 +125,26 @@ class RelayLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
         self._fd = fd
+        return True
+
+    def take(self, reset: Callable[[], int]) -> bool:
+        """Hold the lock: True at once when held; else take it if it is free and call
+        ``reset`` (release the leases the last holder left; their count is logged); False
+        while another relay holds it. Raises OutboxError when the lock file cannot be opened,
+        and ``reset``'s errors with the lock released again."""
+        if self.held:
+            return True
+        try:
+            if not self.try_acquire():
+                return False
+        except OSError as e:
+            raise OutboxError(f"cannot open the relay lock {self.path}: {e}") from e
+        try:
+            released = reset()
+        except BaseException:
+            self.release()
+            raise
+        relay_log.info("relay lock %s taken; %d stale lease(s) released", self.path, released)
         return True
 
     def holder(self) -> str:

@@ -6,7 +6,8 @@
 Run at every store's start it waited for each open transaction that wrote the table, and every
 writer after it queued behind: a health check, a relay's start or a worker's start while one
 transaction held an uncommitted outbox row (or claim) stopped every other writer until that
-transaction ended. Each test holds such a transaction open and fails on the code before."""
+transaction ended. The tests that hold such a transaction open, or a lock, fail on the code
+before; a missing index is still created, in the schema a ``CREATE`` would use."""
 
 from __future__ import annotations
 
@@ -149,3 +150,34 @@ def test_relay_status_on_a_locked_outbox_is_one_error_line_not_a_hang() -> None:
         line = one_error_line(result.stderr)
         assert "cannot read the status of outbox" in line and "lock timeout" in line, line
         assert 9 < waited < 35, waited  # OPERATOR_LOCK_TIMEOUT, 10 s, then the error
+
+
+def with_search_path(url: str, path: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{path.replace(',', '%2C')}"
+
+
+@pytest.mark.parametrize(
+    ("open_store", "table"),
+    [
+        (lambda url: OutboxStore(url).close(), "amqp_lab_outbox"),
+        (lambda url: PostgresDedupStore(url).close(), "processed"),
+    ],
+    ids=["outbox", "dedup"],
+)
+def test_a_schema_first_on_the_search_path_gets_its_own_tables(
+    open_store: Callable[[str], None], table: str
+) -> None:
+    """A schema per vhost (docs/dedup.md) with ``public`` after it on the search path: its
+    tables are created in it, not found in ``public`` and shared (a lookup through the whole
+    search path, as ``to_regclass(name)`` alone does, created nothing in the tenant's)."""
+    with temp_database() as url:
+        open_store(url)  # public's tables first
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE SCHEMA tenant")
+            tenant = with_search_path(url, "tenant,public")
+            open_store(tenant)
+            where = db.execute("SELECT to_regclass(%s)::text", (f"tenant.{table}",)).fetchone()
+            assert where == (f"tenant.{table}",)
+            open_store(tenant)  # and once they exist there, nothing is created again
+            public = db.execute("SELECT to_regclass(%s)::text", (f"public.{table}",)).fetchone()
+            assert public == (table,)  # public's own, untouched (shown unqualified: on its path)

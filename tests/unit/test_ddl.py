@@ -38,12 +38,19 @@ def test_every_outbox_and_dedup_statement_names_what_it_creates() -> None:
         assert created_names(schema("sqlite")) == created_names(schema("postgresql"))
 
 
+def test_an_unquoted_name_is_looked_up_as_postgresql_folds_it() -> None:
+    # CREATE TABLE Foo creates foo: looked up as "Foo" it was never found, created every time
+    assert created_names(["CREATE TABLE IF NOT EXISTS Foo (a INTEGER)"]) == ["foo"]
+
+
 @pytest.mark.parametrize(
     "statement",
     [
         "CREATE INDEX amqp_lab_outbox_key ON amqp_lab_outbox (ordering_key)",  # no IF NOT EXISTS
         "ALTER TABLE amqp_lab_outbox ADD COLUMN x TEXT",
         "DROP INDEX IF EXISTS amqp_lab_outbox_key",
+        "CREATE TABLE IF NOT EXISTS app.outbox (a INTEGER)",  # schema-qualified: not `app`
+        'CREATE TABLE IF NOT EXISTS "Outbox" (a INTEGER)',  # quoted
     ],
 )
 def test_a_statement_whose_effect_cannot_be_checked_is_refused(statement: str) -> None:

@@ -28,6 +28,7 @@ from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import flight as outbox_flight
 from amqp_lab.outbox import trace as outbox_trace
 from amqp_lab.outbox.chains import Candidate, ChainRun, cut, plan
+from amqp_lab.outbox.db import MAX_LOCK_TIMEOUT
 from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig
 from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, result_for
@@ -420,12 +421,17 @@ def test_a_chain_deferred_behind_its_keys_earlier_rows_goes_or_is_dropped() -> N
     assert dropped.done and sorted(dropped.unattempted()) == [7, 8]
 
 
-@pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan])
-def test_a_lock_timeout_that_bounds_nothing_is_refused(seconds: float, tmp_path: Any) -> None:
-    """The relay's lock_timeout must be a positive number of seconds, in its config and in
-    the store it opens (nan compares false with everything, so ``> 0`` refuses it too)."""
+@pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan, math.inf, MAX_LOCK_TIMEOUT + 0.001])
+def test_a_lock_timeout_postgresql_cannot_take_is_refused(seconds: float, tmp_path: Any) -> None:
+    """The relay's lock_timeout must be a positive, finite number of seconds PostgreSQL takes
+    (INT_MAX ms), in its config and in the store it opens: ``inf`` raised OverflowError in the
+    relay's thread, a larger one was refused by the server at every connection."""
     with pytest.raises(ValueError, match="lock_timeout"):
         RelayConfig(lock_timeout=seconds)
     with pytest.raises(ValueError, match="lock_timeout"):
         OutboxStore(tmp_path / "outbox.sqlite3", lock_timeout=seconds)
     assert not (tmp_path / "outbox.sqlite3").exists()  # refused before any file was made
+
+
+def test_the_largest_lock_timeout_postgresql_takes_is_accepted() -> None:
+    assert RelayConfig(lock_timeout=MAX_LOCK_TIMEOUT).lock_timeout == 2_147_483.647

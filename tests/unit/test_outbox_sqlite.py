@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from amqp_lab.dedup import SqliteDedupStore
-from amqp_lab.errors import OutboxError, UnencodableMessage
+from amqp_lab.errors import OutboxError, OutboxUnavailable, UnencodableMessage
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import CancelResult, add, cancel, create_schema
 from amqp_lab.outbox.outcomes import LOST_DELAY, PARKED, RowResult, Verdict
@@ -344,3 +344,32 @@ def test_one_relay_lock_per_file_released_when_its_holder_dies(tmp_path: Path) -
 def test_an_outbox_in_memory_is_refused() -> None:
     with pytest.raises(OutboxError, match="memory"):
         OutboxStore(":memory:")
+
+
+def test_taking_the_relay_lock_resets_the_last_holders_leases_once(tmp_path: Path) -> None:
+    """RelayLock.take: the first take runs ``reset`` (the last holder's leases), later ones
+    hold already; a reset that fails leaves the lock free for the next try; a lock file that
+    cannot be opened is an OutboxError naming it."""
+    resets: list[int] = []
+
+    def reset() -> int:
+        resets.append(1)
+        return 3
+
+    lock = RelayLock(tmp_path / "outbox.relay-lock")
+    assert lock.take(reset) is True and lock.take(reset) is True
+    assert resets == [1]
+    assert RelayLock(tmp_path / "outbox.relay-lock").take(reset) is False  # held: no reset
+    assert resets == [1]
+    lock.release()
+
+    def failing() -> int:
+        raise OutboxUnavailable("the database is down")
+
+    with pytest.raises(OutboxUnavailable):
+        lock.take(failing)
+    other = RelayLock(tmp_path / "outbox.relay-lock")
+    assert not lock.held and other.try_acquire()
+    other.release()
+    with pytest.raises(OutboxError, match=r"cannot open the relay lock .*missing"):
+        RelayLock(tmp_path / "missing" / "lock").take(reset)
