@@ -8,7 +8,7 @@ worker, a relay, a health check, ``amqp-lab-relay status`` - that held every wri
 outbox, or every handler's claim, until the longest open transaction ended (a writer committing
 one row waited 3 s behind a health check while another transaction stayed open 3 s).
 :func:`create_missing` looks the relations up in the catalog first and runs the statements
-only when one of them is missing (https://www.postgresql.org/docs/current/explicit-locking.html:
+only for what is missing (https://www.postgresql.org/docs/current/explicit-locking.html:
 SHARE conflicts with the ROW EXCLUSIVE every ``INSERT`` / ``UPDATE`` / ``DELETE`` takes).
 """
 

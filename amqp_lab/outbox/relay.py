@@ -182,7 +182,7 @@ class OutboxRelay:
         """The store (retried while the database is unreachable), the listener, the lock."""
         while self._store is None and not self._stopping.is_set():
             try:
-                self._store = self._lease_store()
+                self._store = self._open_store()
             except OutboxUnavailable as e:
                 self._outage.down(e)
                 self._stopping.wait(max(0.0, self._outage.ok_at - time.monotonic()))
@@ -194,9 +194,9 @@ class OutboxRelay:
         if store.lock_path is not None:
             self._lock = RelayLock(store.lock_path)
         else:  # PostgreSQL: leases ahead of the loop, on a connection of their own
-            self._leaser = Leaser(self._lease_store, self._on_outcome)
+            self._leaser = Leaser(self._open_store, self._on_outcome)
 
-    def _lease_store(self) -> OutboxStore:
+    def _open_store(self) -> OutboxStore:  # the loop's and the leaser's, on their connections
         lock = self.config.lock_timeout
         return OutboxStore(self.outbox, clock=self.clock, relay_session=True, lock_timeout=lock)
 
