@@ -26,6 +26,7 @@ from psycopg.pq import TransactionStatus
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
 from amqp_lab.dedup.ddl import create_missing
+from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -50,7 +51,9 @@ def _raise_if_aborted(db: psycopg.Connection[Any], message_id: str) -> None:
 class PostgresDedupStore(SqlStore):
     """A store in the PostgreSQL database named by ``url`` (``postgresql://user@host/db``).
     One connection per thread, reopened on the next call after it broke. ``connect_timeout``
-    is in seconds; ``clock`` gives claim times in epoch seconds. Raises DedupStoreError
+    is in seconds; ``clock`` gives claim times in epoch seconds; ``keepalive``: how a
+    connection whose network is gone is found out (:mod:`amqp_lab.dedup.keepalive`: within
+    about 30 s by default; the URL's own keepalive parameters win). Raises DedupStoreError
     (password masked) when the database cannot be reached.
 
     A lost connection - the server restarted, the session terminated
@@ -62,13 +65,18 @@ class PostgresDedupStore(SqlStore):
     dialect: Dialect = "postgresql"
 
     def __init__(
-        self, url: str, clock: Callable[[], float] = time.time, connect_timeout: int = 10
+        self,
+        url: str,
+        clock: Callable[[], float] = time.time,
+        connect_timeout: int = 10,
+        keepalive: PgKeepalive = DEFAULT_KEEPALIVE,
     ) -> None:
         self._url = url
         self._clock = clock
         self._timeout = connect_timeout
         try:
             self._password = str(conninfo_to_dict(url).get("password") or "")
+            self._keepalive = keepalive.params(url)
         except psycopg.Error as e:
             raise DedupStoreError(f"malformed dedup store URL {mask_url(url)!r}") from e
         self._local = threading.local()
@@ -107,6 +115,7 @@ class PostgresDedupStore(SqlStore):
                     autocommit=False,
                     connect_timeout=self._timeout,
                     application_name="amqp-lab dedup",
+                    **self._keepalive,
                 )
             except psycopg.Error as e:
                 raise self._error("open", e) from e

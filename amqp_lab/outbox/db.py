@@ -31,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from amqp_lab.dedup import store_kind
 from amqp_lab.dedup.base import Dialect, HandlerDb
+from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.sql import LEASE_SCANS, now_sql
 from amqp_lab.outbox.write import _create
@@ -82,8 +83,11 @@ class OutboxDb:
     migration holds, a row another transaction holds - before it fails with
     ``lock_not_available``, raised as OutboxUnavailable (set on every connection opened,
     before the tables are created;
-    https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT). The
-    tables are created when missing."""
+    https://www.postgresql.org/docs/current/runtime-config-client.html#GUC-LOCK-TIMEOUT);
+    ``keepalive``: PostgreSQL, how a connection whose network is gone is found out and
+    dropped (:mod:`amqp_lab.dedup.keepalive`: within about 30 s by default, as
+    OutboxUnavailable; the URL's own keepalive parameters win). The tables are created when
+    missing."""
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class OutboxDb:
         application_name: str = "amqp-lab relay",
         relay_session: bool = False,
         lock_timeout: float | None = None,
+        keepalive: PgKeepalive = DEFAULT_KEEPALIVE,
     ) -> None:
         self.dialect: Dialect
         self.dialect, self.target = store_kind(url_or_path)
@@ -105,9 +110,11 @@ class OutboxDb:
         self._lock_timeout = lock_timeout
         self._application_name = application_name
         self._password = ""
+        self._keepalive: dict[str, Any] = {}
         if self.dialect == "postgresql":
             try:
                 self._password = str(conninfo_to_dict(self.target).get("password") or "")
+                self._keepalive = keepalive.params(self.target)
             except psycopg.Error as e:
                 raise OutboxError(f"malformed outbox URL {mask_url(self.target)!r}") from e
         elif self.target == ":memory:":
@@ -155,6 +162,7 @@ class OutboxDb:
                 autocommit=False,
                 connect_timeout=self._connect_timeout,
                 application_name=self._application_name,
+                **self._keepalive,
             )
             try:  # set up whole or closed: never left half set up for the next call
                 if self._lock_timeout is not None:  # for the session: committed before any work

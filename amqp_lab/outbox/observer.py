@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.outbox.db import check_lock_timeout
 from amqp_lab.outbox.outcomes import Verdict
 from amqp_lab.outbox.row import OutboxRow
@@ -43,7 +44,10 @@ class RelayConfig:
       table locked by a migration or an operator, a row by a long transaction); one that
       waits longer fails, and the relay treats it as an outage: it backs off and tries again,
       its leases left to expire meanwhile; a stop then ends within ``drain_timeout`` + 3
-      ``lock_timeout``. At most :data:`~amqp_lab.outbox.db.MAX_LOCK_TIMEOUT`.
+      ``lock_timeout``. At most :data:`~amqp_lab.outbox.db.MAX_LOCK_TIMEOUT`;
+    * ``keepalive``: PostgreSQL, how the relay's connections (its loop's, its leaser's, its
+      LISTEN) find out that their network is gone, when no answer would ever come
+      (:mod:`amqp_lab.dedup.keepalive`: within about 30 s by default); that is an outage too.
     """
 
     batch_rows: int = 500
@@ -61,6 +65,7 @@ class RelayConfig:
     idle_exit: float | None = None
     drain_timeout: float = 10.0
     lock_timeout: float = 10.0
+    keepalive: PgKeepalive = DEFAULT_KEEPALIVE
 
     def __post_init__(self) -> None:
         if self.batch_rows < 1 or self.batch_bytes < 1 or self.batches < 1 or self.window < 1:

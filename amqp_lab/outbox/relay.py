@@ -11,10 +11,10 @@ Up to ``batches`` batches are in flight, so leasing and recording overlap publis
 
 What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
 
-* the database is down or restarts, or a lock on the table outlasts ``lock_timeout``: the
-  store call raises OutboxUnavailable; the relay retries with backoff and keeps its batches'
-  outcomes until it can record them (a lease it cannot renew expires: another relay
-  publishes those rows again, a duplicate);
+* the database is down, restarts, drops off the network (found by ``keepalive``) or holds a
+  lock on the table past ``lock_timeout``: the store call raises OutboxUnavailable; the relay
+  retries with backoff and keeps its batches' outcomes until it can record them (a lease it
+  cannot renew expires: another relay publishes those rows again, a duplicate);
 * the broker closes, blocks or restarts: the publisher republishes what is unconfirmed (same
   message_id) or fails it; a failed publisher is replaced after a backoff; rows without an
   answer are ``lost`` and leased again; the credentials or the vhost refused are fatal;
@@ -76,18 +76,14 @@ class OutboxRelay:
         self.relay_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_reason: str | None = None
         self.failure: BaseException | None = None
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
-        self._notified = threading.Event()
+        self._stopping, self._wake, self._notified = (threading.Event() for _ in range(3))
         self.flight = Flight(config, observer, on_report, self._on_outcome)
         self._store: OutboxStore | None = None
         self._listener: NotifyListener | None = None
         self._lock: RelayLock | None = None
         self._next_lease = 0.0  # monotonic: lease again from then on
         self._outage = StoreOutage()
-        self._next_status = 0.0
-        self._next_renew = 0.0
-        self._started = 0.0
+        self._next_status = self._next_renew = self._started = 0.0
         self._thread: threading.Thread | None = None
         self._leaser = Leaser(None, self._on_outcome)  # inline until _open knows the database
         self._recorded_since_lease = False  # a batch recorded while a lease was out
@@ -190,15 +186,21 @@ class OutboxRelay:
         if store is None:
             return
         if store.dialect == "postgresql" and self.config.listen:
-            self._listener = NotifyListener(store.target, self._on_notify).start()
+            keep = self.config.keepalive  # its connection idles: only probes find it dead
+            self._listener = NotifyListener(store.target, self._on_notify, keepalive=keep).start()
         if store.lock_path is not None:
             self._lock = RelayLock(store.lock_path)
         else:  # PostgreSQL: leases ahead of the loop, on a connection of their own
             self._leaser = Leaser(self._open_store, self._on_outcome)
 
     def _open_store(self) -> OutboxStore:  # the loop's and the leaser's, on their connections
-        lock = self.config.lock_timeout
-        return OutboxStore(self.outbox, clock=self.clock, relay_session=True, lock_timeout=lock)
+        return OutboxStore(
+            self.outbox,
+            self.clock,
+            relay_session=True,
+            lock_timeout=self.config.lock_timeout,
+            keepalive=self.config.keepalive,
+        )
 
     def _on_outcome(self) -> None:
         """Once per publish outcome (on the publisher's thread; on the loop's own when a

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 
+from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.errors import OutboxError
 from amqp_lab.outbox.schema import NOTIFY_CHANNEL
 from amqp_lab.retry.policy import full_jitter
@@ -39,7 +40,10 @@ class NotifyListener:
     """LISTEN on ``channel`` in the PostgreSQL database ``url`` and call ``wake()`` for each
     notification (and after each reconnect), on a daemon thread, until :meth:`stop`. A lost
     connection is retried with capped full-jitter backoff (``base`` / ``cap`` seconds),
-    forever: meanwhile the relay polls. ``connected`` tells whether it listens now."""
+    forever: meanwhile the relay polls. ``connected`` tells whether it listens now. The
+    connection is idle between notifications, so only ``keepalive``'s probes find out that its
+    network is gone (:mod:`amqp_lab.dedup.keepalive`); it is then lost and retried as any
+    other."""
 
     def __init__(
         self,
@@ -49,9 +53,11 @@ class NotifyListener:
         base: float = 0.2,
         cap: float = 5.0,
         on_state: Callable[[str], None] | None = None,
+        keepalive: PgKeepalive = DEFAULT_KEEPALIVE,
     ) -> None:
         self.url, self.wake, self.channel = url, wake, channel
         self.base, self.cap = base, cap
+        self._keepalive = keepalive.params(url)
         self.on_state = on_state or (lambda text: log.warning("%s", text))
         self.connected = False
         self._stop = threading.Event()
@@ -77,6 +83,7 @@ class NotifyListener:
                     autocommit=True,
                     connect_timeout=10,
                     application_name="amqp-lab relay listen",
+                    **self._keepalive,
                 ) as connection:
                     connection.execute(f'LISTEN "{self.channel}"')
                     if failures:
