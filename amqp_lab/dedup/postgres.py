@@ -13,6 +13,7 @@ Isolation is PostgreSQL's default, READ COMMITTED. One connection per thread.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,13 @@ from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
 __all__ = ["PostgresDedupStore"]
+
+log = logging.getLogger(__name__)
+
+_PREPARED_ERRORS = (
+    psycopg.errors.DuplicatePreparedStatement,
+    psycopg.errors.InvalidSqlStatementName,
+)
 
 _SCHEMA_LOCK = 0x616D71706C6162  # pg_advisory_xact_lock key: concurrent workers create once
 
@@ -79,6 +87,7 @@ class PostgresDedupStore(SqlStore):
             self._keepalive = keepalive.params(url)
         except psycopg.Error as e:
             raise DedupStoreError(f"malformed dedup store URL {mask_url(url)!r}") from e
+        self._unprepared = False  # a pooler met: no statement is prepared on the server
         self._local = threading.local()
         self._all: list[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
@@ -95,11 +104,32 @@ class PostgresDedupStore(SqlStore):
 
     def _error(self, what: str, e: BaseException) -> DedupStoreError:
         """StoreUnavailable for a connection-level failure (OperationalError, or the connection
-        is broken or closed), else DedupStoreError; the password is masked."""
+        is broken or closed, or a pooler met: :meth:`_pooled`), else DedupStoreError; the
+        password is masked."""
         detail = mask_secrets(" ".join(str(e).split()), self._password)
-        lost = isinstance(e, psycopg.OperationalError) or self._lost()
+        lost = isinstance(e, psycopg.OperationalError) or self._lost() or self._pooled(e)
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
+
+    def _pooled(self, e: BaseException) -> bool:
+        """Whether ``e`` is a statement psycopg prepared on one server session meeting another
+        (``_pg3_N`` already exists, or does not): a connection pooler in transaction mode
+        (PgBouncer before 1.21, or without ``max_prepared_statements``) hands each transaction
+        to any of its server connections. From then on no connection of the store prepares a
+        statement on the server, and the call is an outage: rolled back, retried."""
+        if not isinstance(e, _PREPARED_ERRORS) or '"_pg3_' not in str(e):
+            return False
+        if not self._unprepared:
+            self._unprepared = True
+            log.warning(
+                "dedup store %s: a prepared statement met another server session (a connection"
+                " pooler in transaction mode?): statements are no longer prepared on the server",
+                self.location,
+            )
+        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
+        if db is not None:
+            db.prepare_threshold = None
+        return True
 
     def _lost(self) -> bool:
         db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
@@ -122,6 +152,8 @@ class PostgresDedupStore(SqlStore):
             self._local.db = db
             with self._all_lock:
                 self._all.append(db)
+        if self._unprepared and db.prepare_threshold is not None:
+            db.prepare_threshold = None
         return db
 
     @contextmanager
@@ -136,8 +168,8 @@ class PostgresDedupStore(SqlStore):
             # On a broken connection the server rolls back when the session ends.
             with suppress(psycopg.Error):
                 db.rollback()
-            if self._lost() and not isinstance(e, StoreUnavailable):
-                # the handler's statement, or a savepoint, hit the lost connection
+            if (self._lost() or self._pooled(e)) and not isinstance(e, StoreUnavailable):
+                # the handler's statement, or a savepoint, hit the lost connection (or a pooler)
                 raise self._error(what, e) from e
             raise
         if db.info.transaction_status == TransactionStatus.INERROR:

@@ -8,16 +8,23 @@ reached (the connection is dropped and reopened by the next call) or OutboxError
 failure, with the password masked.
 
 A relay's own connections to PostgreSQL (``relay_session``) run each statement as a
-transaction of its own instead (autocommit), with :data:`RELAY_SESSION` set once per
-connection: no ``BEGIN``, clock read or ``COMMIT`` round trip around a lease or a record, each
-of which costs the relay's thread a wake-up and a wait for the GIL (measured: 4 round trips of
-about 4 ms each under load around a 30 ms lease). Every statement of a relay is fenced by its
-lease and idempotent on its own (:mod:`amqp_lab.outbox.store`), so none needs another's
-transaction; the tables are still created in one.
+transaction of its own instead (autocommit), with
+:data:`~amqp_lab.outbox.pg_session.RELAY_SETTINGS` given at connection start: no ``BEGIN``,
+clock read or ``COMMIT`` round trip around a lease or a record, each of which costs the
+relay's thread a wake-up and a wait for the GIL (measured: 4 round trips of about 4 ms each
+under load around a 30 ms lease). Every statement of a relay is fenced by its lease and
+idempotent on its own (:mod:`amqp_lab.outbox.store`), so none needs another's transaction;
+the tables are still created in one. Behind a pooler that refuses startup settings (PgBouncer)
+a connection is :attr:`OutboxDb.pooled`: every call is a transaction again, with its settings
+local to it (:mod:`amqp_lab.outbox.pg_session` says why no setting is ever made for the
+session), and psycopg prepares no statement on the server (a pooler in transaction mode hands
+the next statement to another server connection, where it was never prepared).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import sqlite3
 import time
@@ -33,21 +40,20 @@ from amqp_lab.dedup import store_kind
 from amqp_lab.dedup.base import Dialect, HandlerDb
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.errors import OutboxError, OutboxUnavailable
+from amqp_lab.outbox.pg_session import (
+    RELAY_SETTINGS,
+    lock_timeout_value,
+    refused,
+    startup_options,
+)
 from amqp_lab.outbox.sql import LEASE_SCANS, now_sql
 from amqp_lab.outbox.write import _create
 from amqp_lab.settings import mask_secrets, mask_url
 
-__all__ = ["MAX_LOCK_TIMEOUT", "RELAY_SESSION", "OutboxDb", "check_lock_timeout", "number"]
+__all__ = ["MAX_LOCK_TIMEOUT", "OutboxDb", "check_lock_timeout", "number"]
 
-RELAY_SESSION = (
-    "SET synchronous_commit = off",
-    "SET enable_bitmapscan = off",
-    "SET enable_seqscan = off",
-)
-"""What a relay's PostgreSQL connection sets once: its commits do not wait for the WAL flush
-(a commit lost in a server crash only makes rows go again, same message_id - never lost or
-reordered), and its leases read the due rows by index (:data:`~amqp_lab.outbox.sql.LEASE_SCANS`
-says why). Operators' and writers' connections keep the defaults: their commits are durable."""
+log = logging.getLogger(__name__)
+_POOLED_SEEN: set[str] = set()  # outboxes whose pooler was reported once (health checks repeat)
 
 T = TypeVar("T")
 
@@ -120,22 +126,25 @@ class OutboxDb:
         elif self.target == ":memory:":
             raise OutboxError("an outbox in ':memory:' is seen by one connection only: give a file")
         self._connection: Any = None
+        self._relay = relay_session and self.dialect == "postgresql"
+        self.pooled = False
+        """PostgreSQL: a pooler refused the startup settings; each call is a transaction with
+        its settings local to it (set when a connection is refused, for the store's life)."""
         self.relay_session = False  # the tables are created in a transaction
         self._run("create the outbox tables in", _create)
-        self.relay_session = relay_session and self.dialect == "postgresql"
+        self.relay_session = self._relay and not self.pooled
         if self.relay_session:  # from now on: this connection and every one reopened
             self._run(
                 "set up a relay's session with", lambda db: self._start_session(self._connection)
             )
 
     def _start_session(self, connection: Any) -> None:
-        """Turn the PostgreSQL ``connection`` into a relay's session (:data:`RELAY_SESSION`)."""
+        """Turn the PostgreSQL ``connection`` into a relay's session: autocommit (its settings
+        came with the connection)."""
         if connection.autocommit:
             return
         connection.commit()
         connection.autocommit = True
-        for statement in RELAY_SESSION:
-            connection.execute(statement)
 
     @property
     def location(self) -> str:
@@ -157,20 +166,8 @@ class OutboxDb:
                 return self._connection
             self.close()
         if self.dialect == "postgresql":
-            connection = psycopg.connect(
-                self.target,
-                autocommit=False,
-                connect_timeout=self._connect_timeout,
-                application_name=self._application_name,
-                **self._keepalive,
-            )
+            connection = self._open_postgres()
             try:  # set up whole or closed: never left half set up for the next call
-                if self._lock_timeout is not None:  # for the session: committed before any work
-                    milliseconds = f"{max(1, round(self._lock_timeout * 1000))}ms"
-                    connection.execute(
-                        "SELECT set_config('lock_timeout', %s, false)", (milliseconds,)
-                    )
-                    connection.commit()
                 if self.relay_session:
                     self._start_session(connection)
             except BaseException:
@@ -202,11 +199,52 @@ class OutboxDb:
         kind = OutboxUnavailable if lost else OutboxError
         return kind(f"cannot {what} outbox {self.location}: {' '.join(text.split())}")
 
+    def _settings(self) -> list[tuple[str, str]]:
+        """This connection's settings: the lock timeout, and a relay's."""
+        timeout = self._lock_timeout
+        settings = [] if timeout is None else [("lock_timeout", lock_timeout_value(timeout))]
+        return settings + list(RELAY_SETTINGS if self._relay else ())
+
+    def _open_postgres(self) -> Any:
+        """A connection with :meth:`_settings` as startup options - or, once a pooler refused
+        them, without (:attr:`pooled`)."""
+        options = {} if self.pooled else startup_options(self._settings(), self.target)
+        connect: Any = functools.partial(
+            psycopg.connect,
+            self.target,
+            autocommit=False,
+            connect_timeout=self._connect_timeout,
+            application_name=self._application_name,
+            **self._keepalive,
+        )
+        try:
+            connection = connect(**options)
+        except psycopg.OperationalError as e:
+            if not options or not refused(e):
+                raise
+            self.pooled, self.relay_session = True, False
+            report = log.info if self.location in _POOLED_SEEN else log.warning
+            _POOLED_SEEN.add(self.location)
+            report(
+                "outbox %s: the server refused the startup parameter 'options' (a connection"
+                " pooler such as PgBouncer): every call is a transaction with its settings"
+                " local to it, and no statement is prepared on the server; NOTIFY does not"
+                " pass a pooler in transaction mode, so a relay polls",
+                self.location,
+            )
+            connection = connect()
+        if self.pooled:
+            connection.prepare_threshold = None
+        return connection
+
     @contextmanager
     def _transaction(self) -> Iterator[HandlerDb]:
         db = self._connect()
         if self.dialect == "sqlite":
             db.execute("BEGIN IMMEDIATE")
+        elif self.pooled and self._lock_timeout is not None:  # for this transaction only
+            value = lock_timeout_value(self._lock_timeout)
+            db.execute("SELECT set_config('lock_timeout', %s, true)", (value,))
         try:
             yield HandlerDb(db, self.dialect)
         except BaseException:

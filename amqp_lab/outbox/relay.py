@@ -185,8 +185,8 @@ class OutboxRelay:
         store = self._store
         if store is None:
             return
-        if store.dialect == "postgresql" and self.config.listen:
-            keep = self.config.keepalive  # its connection idles: only probes find it dead
+        if store.dialect == "postgresql" and self.config.listen and not store.pooled:
+            keep = self.config.keepalive  # idle: only probes find it dead; no LISTEN via a pooler
             self._listener = NotifyListener(store.target, self._on_notify, keepalive=keep).start()
         if store.lock_path is not None:
             self._lock = RelayLock(store.lock_path)

@@ -1,0 +1,208 @@
+"""The outbox behind a connection pooler in transaction mode (PgBouncer, one server connection
+shared by every client): the relay's settings must stay the relay's. Before, the relay set
+``synchronous_commit = off``, its plan settings and ``lock_timeout`` with ``SET`` on its
+session, and the pooler handed that session to the application - whose commits then stopped
+waiting for the WAL flush (:mod:`amqp_lab.outbox.pg_session`). Now a pooler refuses the
+settings at connection start, the store sees it (``pooled``) and gives them per transaction;
+a direct connection gets them at its start."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from amqp_lab.dedup import PostgresDedupStore
+from amqp_lab.errors import OutboxUnavailable, StoreUnavailable
+from amqp_lab.message import message_for
+from amqp_lab.outbox import add
+from amqp_lab.outbox.store import OutboxStore
+from amqp_lab.settings import BrokerSettings
+from lab.pg_node import PgNode, PgNodeError, find_bin_dir
+from tests.integration.test_outbox_faults import commit_order, drained, first_seen_order, relays
+from tests.pgbouncer import PgBouncer, unavailable
+from tests.support import NAMES
+
+pytestmark = [pytest.mark.integration, pytest.mark.failure_model, pytest.mark.no_plain_consumer]
+
+DEFAULTS = {"synchronous_commit": "on", "enable_seqscan": "on", "lock_timeout": "0"}
+
+
+@pytest.fixture
+def node() -> Iterator[PgNode]:
+    try:
+        find_bin_dir()
+    except PgNodeError as e:
+        pytest.skip(f"a PostgreSQL of the test's own is needed behind the pooler: {e}")
+    with PgNode() as started:
+        yield started
+
+
+@pytest.fixture
+def bouncer(node: PgNode) -> Iterator[PgBouncer]:
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    node.create_database("app")
+    with PgBouncer(node, "app") as started:
+        yield started
+
+
+def show(db: Any) -> dict[str, str]:
+    """The values of :data:`DEFAULTS`' settings on ``db`` (a connection or a HandlerDb)."""
+    return {name: str(db.execute(f"SHOW {name}").fetchall()[0][0]) for name in DEFAULTS}
+
+
+def settings(url: str) -> dict[str, str]:
+    """What a new client of ``url`` runs with (through the pooler: the one shared session)."""
+    with psycopg.connect(url, autocommit=True) as db:
+        return show(db)
+
+
+def store_settings(store: OutboxStore) -> dict[str, str]:
+    """What ``store``'s own calls run with (in one of its transactions)."""
+    result: dict[str, str] = store._run("read the settings of", show)
+    return result
+
+
+@pytest.mark.timeout(60)
+def test_a_direct_connection_gets_the_relays_settings_at_its_start(node: PgNode) -> None:
+    url = node.create_database("app")
+    store = OutboxStore(url, relay_session=True, lock_timeout=2.5)
+    operator = OutboxStore(url, lock_timeout=10)
+    try:
+        assert not store.pooled and store.relay_session
+        assert store_settings(store) == {
+            "synchronous_commit": "off",
+            "enable_seqscan": "off",
+            "lock_timeout": "2500ms",
+        }
+        assert store_settings(operator) == DEFAULTS | {"lock_timeout": "10s"}
+        assert settings(url) == DEFAULTS  # nobody else's
+    finally:
+        store.close()
+        operator.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_relay_behind_a_transaction_pooler_leaks_no_setting_and_relays_every_row(
+    bouncer: PgBouncer, topology: BrokerSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = bouncer.url
+    with caplog.at_level(logging.WARNING, "amqp_lab.outbox"):
+        store = OutboxStore(url, relay_session=True, lock_timeout=10)
+    try:
+        assert store.pooled and not store.relay_session
+        assert "refused the startup parameter 'options'" in caplog.text
+        # in the store's own transaction only: the next client of the shared session has none
+        assert store_settings(store) == DEFAULTS | {"lock_timeout": "10s"}
+        assert settings(url) == DEFAULTS
+    finally:
+        store.close()
+    with relays(topology, url, 1, poll=0.1) as (relay,):
+        with psycopg.connect(url) as db:
+            for i in range(30):
+                key = f"k{i % 3}"
+                add(db, message_for(NAMES, {"n": i}, message_id=f"{key}/w-{i}"), key=key)
+                if i % 10 == 9:
+                    db.commit()
+                    # the application's session, between the relay's statements: its own
+                    assert settings(url) == DEFAULTS
+        drained(url)
+        assert relay.failure is None
+    got, duplicates = first_seen_order(topology)
+    assert got == commit_order(url)
+    assert sum(len(v) for v in got.values()) == 30 and duplicates == 0
+    assert settings(url) == DEFAULTS
+
+
+@pytest.mark.timeout(60)
+def test_a_pooled_stores_lock_timeout_holds_for_each_transaction(
+    node: PgNode, bouncer: PgBouncer
+) -> None:
+    """The lock timeout, given per transaction behind the pooler, still bounds a wait for a
+    table an operator locked (on a direct connection to the server)."""
+    store = OutboxStore(bouncer.url, lock_timeout=1.0)
+    assert store.pooled
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(node.url("app")) as db:
+            db.execute("LOCK TABLE amqp_lab_outbox IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        with pytest.raises(OutboxUnavailable, match="lock timeout"):
+            store.status()
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+        holder.join(10)
+        store.close()
+    assert settings(bouncer.url) == DEFAULTS
+
+
+@pytest.mark.timeout(90)
+def test_a_dedup_store_behind_a_transaction_pooler_stops_preparing_and_loses_nothing(
+    node: PgNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PgBouncer before 1.21 keeps no prepared statement per client: psycopg's (prepared after
+    five runs) met other server sessions and failed every thread's claims with
+    DedupStoreError - a worker's stop. Now the first such failure is an outage (rolled back,
+    retried) and the store prepares nothing on the server from then on."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    node.create_database("app")
+    with PgBouncer(node, "app", pool_size=2) as bouncer:
+        store = PostgresDedupStore(bouncer.url)
+        outages: list[StoreUnavailable] = []
+        others: list[BaseException] = []
+        ran: Counter[str] = Counter()
+
+        def work(thread: int) -> None:
+            for i in range(60):
+                message_id = f"{thread}-{i}"
+                while True:
+                    try:
+                        store.process_once(message_id, functools.partial(run, message_id))
+                        break
+                    except StoreUnavailable as e:
+                        outages.append(e)
+                    except BaseException as e:
+                        others.append(e)
+                        return
+
+        def run(message_id: str, db: Any) -> None:
+            db.execute("SELECT 1").fetchall()  # a handler's own statement, prepared too
+            ran[message_id] += 1
+
+        with caplog.at_level(logging.WARNING, "amqp_lab.dedup"):
+            threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        try:
+            assert others == []
+            assert outages, "no statement met another server session: the pooler was not met"
+            assert all("_pg3_" in str(e) for e in outages), outages[:3]
+            assert caplog.text.count("no longer prepared on the server") <= 1
+            with psycopg.connect(node.url("app")) as db:
+                claimed = {r[0] for r in db.execute("SELECT message_id FROM processed")}
+            assert claimed == {f"{t}-{i}" for t in range(4) for i in range(60)}
+            assert set(ran) == claimed  # every handler ran (a rolled-back one again)
+        finally:
+            store.close()
