@@ -24,7 +24,8 @@ transaction on any server connection (:class:`~amqp_lab.outbox.db.OutboxDb`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -51,19 +52,25 @@ def lock_timeout_value(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def startup_options(settings: Sequence[tuple[str, str]], conninfo: str) -> dict[str, str]:
+def startup_options(
+    settings: Sequence[tuple[str, str]], conninfo: str, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
     """The ``options`` keyword for ``psycopg.connect(conninfo, **options)`` giving ``settings``
-    (name, value) as ``-c name=value``, followed by the options ``conninfo`` gives itself
-    (later ones win, so the URL's own ``-c`` settings are kept); empty without settings.
-    Names and values must hold no space or backslash (ours never do). Raises
-    psycopg.ProgrammingError for a conninfo libpq cannot parse."""
+    (name, value) as ``-c name=value``, followed by the options ``conninfo`` gives itself -
+    or, when it gives none, libpq's ``PGOPTIONS`` from ``environ``, which libpq reads only when
+    no ``options`` is passed (later ones win, so your own ``-c`` settings are kept); empty
+    without settings. Names and values must hold no space or backslash (ours never do: else
+    ValueError). Raises psycopg.ProgrammingError for a conninfo libpq cannot parse."""
     if not settings:
         return {}
     for name, value in settings:
         if any(c.isspace() or c == "\\" for c in f"{name}{value}"):
             raise ValueError(f"a startup setting holds a space or a backslash: {name}={value}")
     ours = " ".join(f"-c {name}={value}" for name, value in settings)
-    given = str(conninfo_to_dict(conninfo).get("options") or "").strip()
+    given = conninfo_to_dict(conninfo).get("options")
+    if given is None:
+        given = environ.get("PGOPTIONS")
+    given = str(given or "").strip()
     return {"options": f"{ours} {given}" if given else ours}
 
 

@@ -20,7 +20,7 @@ URL = "postgresql://app:secret@db.example/app"
 
 def test_a_relays_settings_and_its_lock_timeout_are_startup_options() -> None:
     settings = [("lock_timeout", "10000ms"), *RELAY_SETTINGS]
-    assert startup_options(settings, URL) == {
+    assert startup_options(settings, URL, {}) == {
         "options": "-c lock_timeout=10000ms -c synchronous_commit=off"
         " -c enable_bitmapscan=off -c enable_seqscan=off"
     }
@@ -28,12 +28,24 @@ def test_a_relays_settings_and_its_lock_timeout_are_startup_options() -> None:
 
 def test_the_urls_own_options_come_after_ours_so_they_win() -> None:
     url = f"{URL}?options=-c%20search_path%3Dtenant_7%20-c%20lock_timeout%3D3s"
-    assert startup_options([("lock_timeout", "10000ms")], url) == {
+    assert startup_options([("lock_timeout", "10000ms")], url, {}) == {
         "options": "-c lock_timeout=10000ms -c search_path=tenant_7 -c lock_timeout=3s"
     }
     assert startup_options([("lock_timeout", "1ms")], "host=db options='-c work_mem=64MB'") == {
         "options": "-c lock_timeout=1ms -c work_mem=64MB"
     }
+
+
+def test_pgoptions_is_kept_as_libpq_would_use_it_only_without_options_in_the_url() -> None:
+    environ = {"PGOPTIONS": "-c search_path=tenant_7"}
+    assert startup_options([("lock_timeout", "1ms")], URL, environ) == {
+        "options": "-c lock_timeout=1ms -c search_path=tenant_7"
+    }
+    url = f"{URL}?options=-c%20work_mem%3D64MB"
+    assert startup_options([("lock_timeout", "1ms")], url, environ) == {
+        "options": "-c lock_timeout=1ms -c work_mem=64MB"
+    }
+    assert startup_options([("lock_timeout", "1ms")], URL, {}) == {"options": "-c lock_timeout=1ms"}
 
 
 def test_no_settings_no_options_whatever_the_url_says() -> None:
