@@ -29,18 +29,26 @@ def unavailable() -> str | None:
 
 class PgBouncer:
     """PgBouncer for ``database`` of ``node``; a context manager (started on enter, stopped and
-    its directory removed on exit). :attr:`url` connects through it."""
+    its directory removed on exit). :attr:`url` connects through it. ``ignore_options``: list
+    ``options`` in ``ignore_startup_parameters`` - accepted from clients, then dropped."""
 
     def __init__(
-        self, node: PgNode, database: str, mode: str = "transaction", pool_size: int = 1
+        self,
+        node: PgNode,
+        database: str,
+        mode: str = "transaction",
+        pool_size: int = 1,
+        ignore_options: bool = False,
     ) -> None:
         self.node, self.database, self.mode, self.pool_size = node, database, mode, pool_size
+        self.ignore_options = ignore_options
         self.port = free_port()
         self.base = Path(tempfile.mkdtemp(prefix="amqp-lab-pgbouncer-"))
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        """A URL to ``database`` through the pooler (user postgres, no password)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
 
     def _write_config(self) -> Path:
@@ -58,6 +66,7 @@ class PgBouncer:
             f"default_pool_size = {self.pool_size}\n"
             "unix_socket_dir =\n"
             f"logfile = {self.base / 'pgbouncer.log'}\n"
+            + ("ignore_startup_parameters = options\n" if self.ignore_options else "")
         )
         (self.base / "users.txt").write_text('"postgres" ""\n')
         if os.geteuid() == 0:
@@ -88,6 +97,7 @@ class PgBouncer:
                 time.sleep(0.1)
 
     def stop(self) -> None:
+        """Stop the pooler (SIGTERM, then SIGKILL after 10 s); its clients' connections close."""
         process, self._process = self._process, None
         if process is not None:
             process.terminate()

@@ -250,8 +250,7 @@ class WorkerRelay:
         if self.relay is None:
             return
         self.relay.stop("the worker stopped")
-        config = self.relay.config  # a table lock makes three statements wait lock_timeout
-        bound = config.drain_timeout + 3 * config.lock_timeout + 5
+        bound = self.relay.config.stop_bound()
         self.relay.join(bound)
         if self.relay.running:  # the database slower still (connect_timeout, busy_timeout)
             log.warning(

@@ -86,7 +86,7 @@ class HandlerDb:
             if self._on_first_use is not None:
                 self._on_first_use()
             if self._savepoint:
-                _statement(self._connection, "SAVEPOINT delivery")
+                _statement(self._connection, self.dialect, "SAVEPOINT delivery")
             self.used = True
         if self._guard and not self._connection.in_transaction:
             raise DedupStoreError(
@@ -146,17 +146,22 @@ def run_in_savepoint(
         raise
     except BaseException as e:  # the handler's error (sys.exit() too): roll back this one only
         if db.used:
-            _statement(connection, "ROLLBACK TO delivery")
-            _statement(connection, "RELEASE delivery")
+            _statement(connection, dialect, "ROLLBACK TO delivery")
+            _statement(connection, dialect, "RELEASE delivery")
         return e
     if db.used:
-        _statement(connection, "RELEASE delivery")
+        _statement(connection, dialect, "RELEASE delivery")
     return None
 
 
-def _statement(connection: Any, statement: str) -> None:
-    """Run a savepoint statement; DedupStoreError when it fails."""
+def _statement(connection: Any, dialect: Dialect, statement: str) -> None:
+    """Run a savepoint statement, never prepared on the server (a batch runs each many times:
+    psycopg would prepare it, and behind a pooler in transaction mode meet another server
+    session); DedupStoreError when it fails."""
     try:
-        connection.execute(statement)
+        if dialect == "postgresql":
+            connection.execute(statement, prepare=False)
+        else:
+            connection.execute(statement)
     except Exception as e:  # sqlite3.Error or psycopg.Error
         raise DedupStoreError(f"{statement} failed: {e}") from e

@@ -87,8 +87,11 @@ class PgKeepalive:
     def params(self, conninfo: str) -> dict[str, Any]:
         """The libpq keyword arguments for ``psycopg.connect(conninfo, **params)``: keepalives
         on, with these settings, but for any parameter ``conninfo`` (a URL or ``key=value``
-        string) sets itself. Raises psycopg.ProgrammingError for a conninfo libpq cannot
-        parse (the callers check their URL first)."""
+        string) sets itself: ``keepalives=0`` in the URL turns the probes off but keeps
+        ``tcp_user_timeout`` (a request unacknowledged that long still fails the call; add
+        ``tcp_user_timeout=0`` for the kernel's own). A libpq service file's settings are
+        overridden by these keywords: give them in the URL. Raises psycopg.ProgrammingError
+        for a conninfo libpq cannot parse (the callers check their URL first)."""
         ours: dict[str, Any] = {
             "keepalives": 1,
             "keepalives_idle": self.idle,

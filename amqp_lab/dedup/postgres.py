@@ -35,11 +35,6 @@ __all__ = ["PostgresDedupStore"]
 
 log = logging.getLogger(__name__)
 
-_PREPARED_ERRORS = (
-    psycopg.errors.DuplicatePreparedStatement,
-    psycopg.errors.InvalidSqlStatementName,
-)
-
 _SCHEMA_LOCK = 0x616D71706C6162  # pg_advisory_xact_lock key: concurrent workers create once
 
 
@@ -61,7 +56,11 @@ class PostgresDedupStore(SqlStore):
     One connection per thread, reopened on the next call after it broke. ``connect_timeout``
     is in seconds; ``clock`` gives claim times in epoch seconds; ``keepalive``: how a
     connection whose network is gone is found out (:mod:`amqp_lab.dedup.keepalive`: within
-    about 30 s by default; the URL's own keepalive parameters win). Raises DedupStoreError
+    about 30 s by default; the URL's own keepalive parameters win); ``prepare``: whether psycopg
+    may prepare statements on the server (after five runs of one) - give False behind a pooler
+    in transaction mode without prepared-statement support (PgBouncer before 1.21), where a
+    statement prepared on one server session meets another (:meth:`_pooled`: the store stops
+    preparing at the first error it sees, but cannot see every case). Raises DedupStoreError
     (password masked) when the database cannot be reached.
 
     A lost connection - the server restarted, the session terminated
@@ -78,6 +77,7 @@ class PostgresDedupStore(SqlStore):
         clock: Callable[[], float] = time.time,
         connect_timeout: int = 10,
         keepalive: PgKeepalive = DEFAULT_KEEPALIVE,
+        prepare: bool = True,
     ) -> None:
         self._url = url
         self._clock = clock
@@ -87,7 +87,7 @@ class PostgresDedupStore(SqlStore):
             self._keepalive = keepalive.params(url)
         except psycopg.Error as e:
             raise DedupStoreError(f"malformed dedup store URL {mask_url(url)!r}") from e
-        self._unprepared = False  # a pooler met: no statement is prepared on the server
+        self._unprepared = not prepare  # (or a pooler met) no statement prepared on the server
         self._local = threading.local()
         self._all: list[psycopg.Connection[Any]] = []
         self._all_lock = threading.Lock()
@@ -107,17 +107,23 @@ class PostgresDedupStore(SqlStore):
         is broken or closed, or a pooler met: :meth:`_pooled`), else DedupStoreError; the
         password is masked."""
         detail = mask_secrets(" ".join(str(e).split()), self._password)
-        lost = isinstance(e, psycopg.OperationalError) or self._lost() or self._pooled(e)
+        lost = self._pooled(e) or isinstance(e, psycopg.OperationalError) or self._lost()
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
 
     def _pooled(self, e: BaseException) -> bool:
-        """Whether ``e`` is a statement psycopg prepared on one server session meeting another
-        (``_pg3_N`` already exists, or does not): a connection pooler in transaction mode
-        (PgBouncer before 1.21, or without ``max_prepared_statements``) hands each transaction
-        to any of its server connections. From then on no connection of the store prepares a
-        statement on the server, and the call is an outage: rolled back, retried."""
-        if not isinstance(e, _PREPARED_ERRORS) or '"_pg3_' not in str(e):
+        """Whether ``e`` (or the error it was raised from) is a statement psycopg prepared on
+        one server session meeting another - any server error naming ``_pg3_N``: it does not
+        exist, exists already, or takes other parameters: a connection pooler in transaction
+        mode (PgBouncer before 1.21, or without ``max_prepared_statements``) hands each
+        transaction to any of its server connections. From then on no connection of the store
+        prepares a statement on the server, and the call is an outage: rolled back, retried.
+        Reactive: a prepared statement that meets another one of the same name and shape on
+        the other session runs it silently - give ``prepare=False`` behind such a pooler."""
+        if not any(
+            isinstance(error, psycopg.Error) and '"_pg3_' in str(error)
+            for error in (e, e.__cause__)
+        ):
             return False
         if not self._unprepared:
             self._unprepared = True
@@ -257,7 +263,7 @@ class PostgresDedupStore(SqlStore):
                         )
                     _raise_if_aborted(db, message_id)
 
-                error = run_in_savepoint(db, "postgresql", work, check)
+                error = self._handlers(message_id, run_in_savepoint(db, "postgresql", work, check))
                 succeeded[message_id] = error is None
                 results.append(True if error is None else error)
             failed = [message_id for message_id, ok in succeeded.items() if not ok]
@@ -267,6 +273,14 @@ class PostgresDedupStore(SqlStore):
                 except psycopg.Error as e:
                     raise self._error("release failed claims in", e) from e
         return results
+
+    def _handlers(self, message_id: str, error: BaseException | None) -> BaseException | None:
+        """A batch's handler's ``error`` (None: it succeeded) - unless it is no fault of the
+        handler's but a statement prepared on another server session (:meth:`_pooled`):
+        StoreUnavailable then, and the whole batch is rolled back and retried."""
+        if error is not None and self._pooled(error):
+            raise self._error(f"run the handler of {message_id!r} in", error) from error
+        return error
 
     def _release_claims(self, db: psycopg.Connection[Any], message_ids: list[str]) -> None:
         """After a handler committed the batch's transaction early: delete (and commit) the

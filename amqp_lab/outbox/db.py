@@ -14,11 +14,12 @@ clock read or ``COMMIT`` round trip around a lease or a record, each of which co
 relay's thread a wake-up and a wait for the GIL (measured: 4 round trips of about 4 ms each
 under load around a 30 ms lease). Every statement of a relay is fenced by its lease and
 idempotent on its own (:mod:`amqp_lab.outbox.store`), so none needs another's transaction;
-the tables are still created in one. Behind a pooler that refuses startup settings (PgBouncer)
-a connection is :attr:`OutboxDb.pooled`: every call is a transaction again, with its settings
-local to it (:mod:`amqp_lab.outbox.pg_session` says why no setting is ever made for the
-session), and psycopg prepares no statement on the server (a pooler in transaction mode hands
-the next statement to another server connection, where it was never prepared).
+the tables are still created in one. Behind a pooler that refuses startup settings
+(PgBouncer), or accepts and drops them, a connection is :attr:`OutboxDb.pooled`: every call
+is a transaction again, with its settings local to it (:mod:`amqp_lab.outbox.pg_session` says
+why no setting is ever made for the session), and psycopg prepares no statement on the
+server (a pooler in transaction mode hands the next statement to another server connection,
+where it was never prepared).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from amqp_lab.dedup.base import Dialect, HandlerDb
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.pg_session import (
+    PREPARED_NAME,
     RELAY_SETTINGS,
     lock_timeout_value,
     refused,
@@ -134,9 +136,12 @@ class OutboxDb:
         self._run("create the outbox tables in", _create)
         self.relay_session = self._relay and not self.pooled
         if self.relay_session:  # from now on: this connection and every one reopened
-            self._run(
-                "set up a relay's session with", lambda db: self._start_session(self._connection)
-            )
+
+            def start(db: HandlerDb) -> None:
+                if self.relay_session:  # (a pooler met on the way turned it off)
+                    self._start_session(self._connection)
+
+            self._run("set up a relay's session with", start)
 
     def _start_session(self, connection: Any) -> None:
         """Turn the PostgreSQL ``connection`` into a relay's session: autocommit (its settings
@@ -191,13 +196,52 @@ class OutboxDb:
 
     def _error(self, what: str, e: BaseException) -> OutboxError:
         text = mask_secrets(" ".join(str(e).split()), self._password) if self._password else str(e)
-        lost = isinstance(e, psycopg.OperationalError | OSError) or (
+        lost = self._prepared_elsewhere(e) or isinstance(e, psycopg.OperationalError | OSError)
+        lost = lost or (
             isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
         )
         if self.dialect == "postgresql" and self._connection is not None:
             lost = lost or self._connection.broken or self._connection.closed
         kind = OutboxUnavailable if lost else OutboxError
         return kind(f"cannot {what} outbox {self.location}: {' '.join(text.split())}")
+
+    def _prepared_elsewhere(self, e: BaseException) -> bool:
+        """Whether ``e`` is a statement psycopg prepared on one server session meeting another
+        (``prepared statement "_pg3_N" does not exist``, or already does): a pooler the startup
+        check did not see. The store turns :attr:`pooled` (nothing prepared, each call a
+        transaction with its settings local to it) and the call is an outage, retried."""
+        if not isinstance(e, psycopg.Error) or PREPARED_NAME not in str(e):
+            return False
+        self._go_pooled("a statement prepared on one server session met another")
+        return True
+
+    def _go_pooled(self, why: str) -> None:
+        """Turn :attr:`pooled` on for the rest of the store's life, saying why once per
+        outbox: a warning for a relay's store, else (an operator's command, a health check)
+        INFO."""
+        self.pooled, self.relay_session = True, False
+        quiet = self.location in _POOLED_SEEN or not self._relay
+        _POOLED_SEEN.add(self.location)
+        (log.info if quiet else log.warning)(
+            "outbox %s: %s (a connection pooler such as PgBouncer): every call is a transaction"
+            " with its settings local to it, and no statement is prepared on the server;"
+            " NOTIFY does not pass a pooler in transaction mode, so a relay polls",
+            self.location,
+            why,
+        )
+
+    def _applied(self, connection: Any) -> bool:
+        """Whether the server applied this connection's startup settings (a pooler configured
+        to ignore the ``options`` parameter - PgBouncer's ``ignore_startup_parameters`` -
+        accepts it and drops it): each of them has the source ``client``."""
+        names = [name for name, _ in self._settings()]
+        row = connection.execute(
+            "SELECT count(*) FROM pg_settings WHERE source = 'client' AND name = ANY(%s)",
+            (names,),
+            prepare=False,
+        ).fetchone()
+        connection.rollback()
+        return bool(row) and int(row[0]) == len(set(names))
 
     def _settings(self) -> list[tuple[str, str]]:
         """This connection's settings: the lock timeout, and a relay's."""
@@ -206,8 +250,8 @@ class OutboxDb:
         return settings + list(RELAY_SETTINGS if self._relay else ())
 
     def _open_postgres(self) -> Any:
-        """A connection with :meth:`_settings` as startup options - or, once a pooler refused
-        them, without (:attr:`pooled`)."""
+        """A connection with :meth:`_settings` as startup options, checked to be applied - or,
+        once a pooler refused or dropped them, without (:attr:`pooled`)."""
         options = {} if self.pooled else startup_options(self._settings(), self.target)
         connect: Any = functools.partial(
             psycopg.connect,
@@ -222,17 +266,18 @@ class OutboxDb:
         except psycopg.OperationalError as e:
             if not options or not refused(e):
                 raise
-            self.pooled, self.relay_session = True, False
-            report = log.info if self.location in _POOLED_SEEN else log.warning
-            _POOLED_SEEN.add(self.location)
-            report(
-                "outbox %s: the server refused the startup parameter 'options' (a connection"
-                " pooler such as PgBouncer): every call is a transaction with its settings"
-                " local to it, and no statement is prepared on the server; NOTIFY does not"
-                " pass a pooler in transaction mode, so a relay polls",
-                self.location,
-            )
+            self._go_pooled("the server refused the startup parameter 'options'")
             connection = connect()
+        else:
+            try:
+                applied = not options or self._applied(connection)
+            except BaseException:
+                connection.close()
+                raise
+            if not applied:
+                connection.close()
+                self._go_pooled("the server ignored the startup parameter 'options'")
+                connection = connect()
         if self.pooled:
             connection.prepare_threshold = None
         return connection
@@ -242,10 +287,10 @@ class OutboxDb:
         db = self._connect()
         if self.dialect == "sqlite":
             db.execute("BEGIN IMMEDIATE")
-        elif self.pooled and self._lock_timeout is not None:  # for this transaction only
-            value = lock_timeout_value(self._lock_timeout)
-            db.execute("SELECT set_config('lock_timeout', %s, true)", (value,))
         try:
+            if self.pooled and self._lock_timeout is not None:  # for this transaction only
+                value = lock_timeout_value(self._lock_timeout)
+                db.execute("SELECT set_config('lock_timeout', %s, true)", (value,))
             yield HandlerDb(db, self.dialect)
         except BaseException:
             with suppress(Exception):

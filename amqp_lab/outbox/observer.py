@@ -43,8 +43,8 @@ class RelayConfig:
     * ``lock_timeout``: PostgreSQL, how long one of the relay's statements waits for a lock (a
       table locked by a migration or an operator, a row by a long transaction); one that
       waits longer fails, and the relay treats it as an outage: it backs off and tries again,
-      its leases left to expire meanwhile; a stop then ends within ``drain_timeout`` + 3
-      ``lock_timeout``. At most :data:`~amqp_lab.outbox.db.MAX_LOCK_TIMEOUT`;
+      its leases left to expire meanwhile; a stop then ends within :meth:`stop_bound`. At
+      most :data:`~amqp_lab.outbox.db.MAX_LOCK_TIMEOUT`;
     * ``keepalive``: PostgreSQL, how the relay's connections (its loop's, its leaser's, its
       LISTEN) find out that their network is gone, when no answer would ever come
       (:mod:`amqp_lab.dedup.keepalive`: within about 30 s by default); that is an outage too.
@@ -77,6 +77,14 @@ class RelayConfig:
         if not self.status_interval > 0 or not self.publish_timeout > 0:
             raise ValueError("status_interval and publish_timeout must be > 0 seconds")
         check_lock_timeout(self.lock_timeout)
+
+    def stop_bound(self) -> float:
+        """Seconds within which a stopped relay ends on PostgreSQL (SQLite waits
+        ``busy_timeout`` instead): ``drain_timeout``, then up to three statements (record,
+        release, the leaser's) each waiting for a table lock (``lock_timeout``) or for a dead
+        network to be found (``keepalive.dead_after``), plus 5 s to spare."""
+        wait = max(self.lock_timeout, self.keepalive.dead_after)
+        return self.drain_timeout + 3 * wait + 5
 
 
 @dataclass(frozen=True)

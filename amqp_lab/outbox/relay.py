@@ -20,7 +20,7 @@ What else can happen, and what then (docs/outbox.md, docs/failure-model.md):
   answer are ``lost`` and leased again; the credentials or the vhost refused are fatal;
 * the broker refuses a row: it stays with its error and holds its key's later rows only;
 * the relay is stopped: it waits ``drain_timeout`` for the confirms in flight, records, and
-  releases its leases (a lock on the table: within ``drain_timeout`` + 3 ``lock_timeout``);
+  releases its leases (a table lock or a dead network: within ``RelayConfig.stop_bound()``);
   killed, its leases expire (SQLite: the next relay releases them).
 """
 

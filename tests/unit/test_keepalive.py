@@ -82,3 +82,12 @@ def test_a_relay_carries_its_keepalive() -> None:
     assert RelayConfig().keepalive == DEFAULT_KEEPALIVE
     fast = PgKeepalive(idle=1, interval=1, count=2, user_timeout=3)
     assert RelayConfig(keepalive=fast).keepalive is fast
+
+
+def test_a_relays_stop_bound_covers_a_table_lock_or_a_dead_network_for_three_statements() -> None:
+    # default: 10 s drain + 3 x max(10 s lock, 30 s dead link) + 5 s
+    assert RelayConfig().stop_bound() == 105.0
+    slow_lock = RelayConfig(lock_timeout=60.0, drain_timeout=2.0)
+    assert slow_lock.stop_bound() == 2.0 + 3 * 60.0 + 5
+    fast = PgKeepalive(idle=1, interval=1, count=1, user_timeout=2.0)
+    assert RelayConfig(keepalive=fast, lock_timeout=1.0).stop_bound() == 10.0 + 3 * 2.0 + 5
