@@ -71,7 +71,7 @@ def main(
     metrics, registry = _metrics(args, settings, config.queue_name)
     handler = check_handler(load_callable(args.handler), args.handler)
     store_url = args.dedup_url or args.dedup_path or default_dedup_path(settings, state_dir)
-    store = open_store(store_url)
+    store = open_store(store_url, prepare=args.dedup_prepare)
     background: list[Background] = []
     try:
         background.append(PeriodicPurge(store, config.retention, args.purge_interval).start())

@@ -195,6 +195,14 @@ def _dedup(parser: CommandParser, _default_handler: str | None) -> None:
         help="dedup store: a SQLite path, sqlite:///PATH or postgresql://user@host:5432/db",
     )
     group.add_argument(
+        "--dedup-prepare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PostgreSQL: let psycopg prepare statements on the server; --no-dedup-prepare"
+        " behind a pooler in transaction mode without prepared-statement support (PgBouncer"
+        " < 1.21)",
+    )
+    group.add_argument(
         "--retention-days",
         type=float,
         default=DEFAULT_RETENTION / DAY,

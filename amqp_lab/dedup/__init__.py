@@ -63,12 +63,14 @@ def store_kind(url_or_path: str | Path) -> tuple[Literal["sqlite", "postgresql"]
 
 
 def open_store(
-    url_or_path: str | Path, clock: Callable[[], float] = time.time
+    url_or_path: str | Path, clock: Callable[[], float] = time.time, prepare: bool = True
 ) -> ManagedDedupStore:
     """Open the store :func:`store_kind` names (PostgreSQL via psycopg 3, else SQLite); ``clock``
-    gives claim times (epoch seconds). Raises ConfigurationError for an unknown scheme,
+    gives claim times (epoch seconds); ``prepare`` (PostgreSQL): whether statements may be
+    prepared on the server (False behind a pooler in transaction mode that keeps none per
+    client: :class:`PostgresDedupStore`). Raises ConfigurationError for an unknown scheme,
     DedupStoreError when it cannot be opened."""
     kind, target = store_kind(url_or_path)
     if kind == "postgresql":
-        return PostgresDedupStore(target, clock)
+        return PostgresDedupStore(target, clock, prepare=prepare)
     return SqliteDedupStore(target, clock)

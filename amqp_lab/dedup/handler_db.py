@@ -5,14 +5,23 @@ batch in a savepoint (:func:`run_in_savepoint`)."""
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from amqp_lab.errors import DedupStoreError
 
-__all__ = ["Dialect", "HandlerDb", "qmark_to_format", "run_in_savepoint"]
+__all__ = ["Dialect", "HandlerDb", "on_store_connection", "qmark_to_format", "run_in_savepoint"]
 
 Dialect = Literal["sqlite", "postgresql"]
+
+_STORE_ERRORS: weakref.WeakSet[BaseException] = weakref.WeakSet()
+
+
+def on_store_connection(error: BaseException | None) -> bool:
+    """Whether ``error`` was raised by a statement on the store's own connection (through a
+    :class:`HandlerDb` or a savepoint) - not by a handler's other connections or code."""
+    return error is not None and error in _STORE_ERRORS
 
 
 @functools.lru_cache(maxsize=1024)
@@ -100,16 +109,24 @@ class HandlerDb:
         connection = self._use()
         if self._format and params is not None:
             sql = qmark_to_format(sql)
-        return connection.execute(sql) if params is None else connection.execute(sql, params)
+        try:
+            return connection.execute(sql) if params is None else connection.execute(sql, params)
+        except Exception as e:  # the driver's: told apart from a handler's own (a pooler's)
+            _STORE_ERRORS.add(e)
+            raise
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
         """Run one statement for every row of ``rows`` (``?`` placeholders)."""
         connection = self._use()
-        if self._format:
-            with connection.cursor() as cursor:
-                cursor.executemany(qmark_to_format(sql), rows)
-                return cursor
-        return connection.executemany(sql, rows)
+        try:
+            if self._format:
+                with connection.cursor() as cursor:
+                    cursor.executemany(qmark_to_format(sql), rows)
+                    return cursor
+            return connection.executemany(sql, rows)
+        except Exception as e:
+            _STORE_ERRORS.add(e)
+            raise
 
     def __getattr__(self, name: str) -> Any:
         if name in _ENDS_THE_TRANSACTION:
@@ -164,4 +181,5 @@ def _statement(connection: Any, dialect: Dialect, statement: str) -> None:
         else:
             connection.execute(statement)
     except Exception as e:  # sqlite3.Error or psycopg.Error
+        _STORE_ERRORS.add(e)
         raise DedupStoreError(f"{statement} failed: {e}") from e

@@ -27,7 +27,9 @@ from psycopg.pq import TransactionStatus
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
 from amqp_lab.dedup.ddl import create_missing
+from amqp_lab.dedup.handler_db import on_store_connection
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
+from amqp_lab.dedup.pooler import prepared_elsewhere
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -107,21 +109,23 @@ class PostgresDedupStore(SqlStore):
         is broken or closed, or a pooler met: :meth:`_pooled`), else DedupStoreError; the
         password is masked."""
         detail = mask_secrets(" ".join(str(e).split()), self._password)
-        lost = self._pooled(e) or isinstance(e, psycopg.OperationalError) or self._lost()
+        lost = self._pooled(e, True) or isinstance(e, psycopg.OperationalError) or self._lost()
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
 
-    def _pooled(self, e: BaseException) -> bool:
+    def _pooled(self, e: BaseException, ours: bool = False) -> bool:
         """Whether ``e`` (or the error it was raised from) is a statement psycopg prepared on
-        one server session meeting another - any server error naming ``_pg3_N``: it does not
-        exist, exists already, or takes other parameters: a connection pooler in transaction
-        mode (PgBouncer before 1.21, or without ``max_prepared_statements``) hands each
-        transaction to any of its server connections. From then on no connection of the store
-        prepares a statement on the server, and the call is an outage: rolled back, retried.
-        Reactive: a prepared statement that meets another one of the same name and shape on
-        the other session runs it silently - give ``prepare=False`` behind such a pooler."""
+        one server session meeting another (:func:`~amqp_lab.dedup.pooler.prepared_elsewhere`):
+        a connection pooler in transaction mode hands each transaction to any of its server
+        connections. Only an error of a statement on the store's connection counts
+        (:func:`~amqp_lab.dedup.handler_db.on_store_connection`; ``ours``: the store's own
+        statement): a handler's other connection is the handler's failure. From then on no
+        connection of the store prepares a statement on the server, and the call is an
+        outage: rolled back, retried. Reactive: a prepared statement that meets another one
+        of the same name and shape on the other session runs it silently - give
+        ``prepare=False`` behind such a pooler."""
         if not any(
-            isinstance(error, psycopg.Error) and '"_pg3_' in str(error)
+            prepared_elsewhere(error) and (ours or on_store_connection(error))
             for error in (e, e.__cause__)
         ):
             return False

@@ -40,9 +40,9 @@ from psycopg.conninfo import conninfo_to_dict
 from amqp_lab.dedup import store_kind
 from amqp_lab.dedup.base import Dialect, HandlerDb
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
+from amqp_lab.dedup.pooler import prepared_elsewhere
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.pg_session import (
-    PREPARED_NAME,
     RELAY_SETTINGS,
     lock_timeout_value,
     refused,
@@ -55,7 +55,7 @@ from amqp_lab.settings import mask_secrets, mask_url
 __all__ = ["MAX_LOCK_TIMEOUT", "OutboxDb", "check_lock_timeout", "number"]
 
 log = logging.getLogger(__name__)
-_POOLED_SEEN: set[str] = set()  # outboxes whose pooler was reported once (health checks repeat)
+_POOLED_SEEN: set[str] = set()  # outboxes whose relay warned of a pooler (relays reopen stores)
 
 T = TypeVar("T")
 
@@ -210,7 +210,7 @@ class OutboxDb:
         (``prepared statement "_pg3_N" does not exist``, or already does): a pooler the startup
         check did not see. The store turns :attr:`pooled` (nothing prepared, each call a
         transaction with its settings local to it) and the call is an outage, retried."""
-        if not isinstance(e, psycopg.Error) or PREPARED_NAME not in str(e):
+        if not prepared_elsewhere(e):
             return False
         self._go_pooled("a statement prepared on one server session met another")
         return True
@@ -220,8 +220,9 @@ class OutboxDb:
         outbox: a warning for a relay's store, else (an operator's command, a health check)
         INFO."""
         self.pooled, self.relay_session = True, False
-        quiet = self.location in _POOLED_SEEN or not self._relay
-        _POOLED_SEEN.add(self.location)
+        quiet = not self._relay or self.location in _POOLED_SEEN
+        if self._relay:
+            _POOLED_SEEN.add(self.location)
         (log.info if quiet else log.warning)(
             "outbox %s: %s (a connection pooler such as PgBouncer): every call is a transaction"
             " with its settings local to it, and no statement is prepared on the server;"

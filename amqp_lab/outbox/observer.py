@@ -79,10 +79,12 @@ class RelayConfig:
         check_lock_timeout(self.lock_timeout)
 
     def stop_bound(self) -> float:
-        """Seconds within which a stopped relay ends on PostgreSQL (SQLite waits
-        ``busy_timeout`` instead): ``drain_timeout``, then up to three statements (record,
-        release, the leaser's) each waiting for a table lock (``lock_timeout``) or for a dead
-        network to be found (``keepalive.dead_after``), plus 5 s to spare."""
+        """Seconds within which a stopped relay ends: ``drain_timeout``, then up to three
+        statements (record, release, the leaser's) each waiting for a table lock
+        (``lock_timeout``) or for a dead network to be found (``keepalive.dead_after``), plus
+        5 s to spare. A SQLite relay's statements wait ``busy_timeout`` (30 s) for the write
+        lock instead, within the default; keepalive parameters in the outbox URL replace
+        ``keepalive`` and are not counted here."""
         wait = max(self.lock_timeout, self.keepalive.dead_after)
         return self.drain_timeout + 3 * wait + 5
 

@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from psycopg.conninfo import conninfo_to_dict
 
 __all__ = [
-    "PREPARED_NAME",
     "REFUSED_TEXT",
     "RELAY_SETTINGS",
     "lock_timeout_value",
@@ -51,11 +50,6 @@ writers' connections keep the defaults: their commits are durable."""
 REFUSED_TEXT = "unsupported startup parameter"
 """What PgBouncer answers a startup parameter it does not track (``options`` among them,
 unless its ``ignore_startup_parameters`` lists it)."""
-
-
-PREPARED_NAME = '"_pg3_'
-"""How a server's error names a statement psycopg prepared (``_pg3_N``): met on another
-server session than the one it was prepared on, it is a pooler in transaction mode."""
 
 
 def lock_timeout_value(seconds: float) -> str:

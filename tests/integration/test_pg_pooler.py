@@ -231,3 +231,44 @@ def test_a_dedup_store_behind_a_transaction_pooler_stops_preparing_and_loses_not
             assert set(ran) == claimed  # every handler ran (a rolled-back one again)
         finally:
             store.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_error_that_only_names_a_prepared_statement_is_the_handlers_failure(
+    node: PgNode,
+) -> None:
+    """Not every error naming ``"_pg3_`` is a pooler's: a handler's data quoted in a unique
+    violation, or a statement on the handler's own connection, fails that handler (retried,
+    dead-lettered in the end) - taken for an outage, it was retried for ever and then stopped
+    the worker."""
+    url = node.create_database("app")
+    store = PostgresDedupStore(url)
+
+    def quoted(db: Any) -> None:  # a unique violation whose detail quotes the handler's data
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS t (k text PRIMARY KEY)")
+        db.execute("INSERT INTO t VALUES (?)", ('"_pg3_x"',))
+        db.execute("INSERT INTO t VALUES (?)", ('"_pg3_x"',))
+
+    with psycopg.connect(url, autocommit=True) as own:
+
+        def other(db: Any) -> None:  # the handler's own connection, not the store's
+            db.execute("SELECT 1")
+            own.execute("EXECUTE _pg3_7")
+
+        try:
+            with pytest.raises(psycopg.errors.UniqueViolation, match='"_pg3_x"'):
+                store.process_once("m-1", quoted)
+            with pytest.raises(psycopg.errors.InvalidSqlStatementName, match='"_pg3_7"'):
+                store.process_once("m-2", other)
+            results = store.process_batch(
+                [("m-3", quoted), ("m-4", other), ("m-5", lambda db: None)]
+            )
+            assert isinstance(results[0], psycopg.errors.UniqueViolation)
+            assert isinstance(results[1], psycopg.errors.InvalidSqlStatementName)
+            assert results[2] is True
+            assert not store._unprepared
+            with psycopg.connect(url) as db:
+                claimed = {r[0] for r in db.execute("SELECT message_id FROM processed")}
+            assert claimed == {"m-5"}  # the failed handlers' claims released
+        finally:
+            store.close()

@@ -7,7 +7,6 @@ import psycopg
 import pytest
 
 from amqp_lab.outbox.pg_session import (
-    PREPARED_NAME,
     RELAY_SETTINGS,
     lock_timeout_value,
     refused,
@@ -78,14 +77,3 @@ def test_pgbouncers_refusal_is_recognised_and_nothing_else_is() -> None:
     assert refused(pooler)
     assert not refused(psycopg.OperationalError("connection refused"))
     assert not refused(psycopg.OperationalError('FATAL:  database "app" does not exist'))
-
-
-def test_a_prepared_statement_is_named_in_the_servers_error_as_psycopg_names_it() -> None:
-    # what PostgreSQL says when psycopg's statement meets another server session
-    for text in (
-        'prepared statement "_pg3_0" does not exist',
-        'prepared statement "_pg3_12" already exists',
-        'bind message supplies 2 parameters, but prepared statement "_pg3_3" requires 1',
-    ):
-        assert PREPARED_NAME in text
-    assert PREPARED_NAME not in 'prepared statement "mine" does not exist'

@@ -58,12 +58,17 @@ def test_help_groups_the_options_by_concept() -> None:
     assert "--handler" in groups["what it consumes and runs"]
     assert groups["options"] == ["-h"]  # nothing left ungrouped
     grouped = [o for g in groups.values() for o in g]
-    # -h, the 29 options of before, the outbox relay's 6 (--outbox, --outbox-*) and
-    # --gc-young-threshold
-    assert len(grouped) == len(set(grouped)) == 37
+    # -h, the 29 options of before, the outbox relay's 6 (--outbox, --outbox-*),
+    # --gc-young-threshold and --dedup-prepare
+    assert len(grouped) == len(set(grouped)) == 38
     assert "--gc-young-threshold" in groups["deliveries: how many, how fast, when to stop"]
     assert "--outbox" in groups["outbox (docs/outbox.md)"]
     assert len(OPTION_GROUPS) == 8
+
+
+def test_the_dedup_store_prepares_statements_unless_told_not_to() -> None:
+    assert parse().dedup_prepare is True
+    assert parse("--no-dedup-prepare").dedup_prepare is False
 
 
 @pytest.mark.parametrize(
