@@ -5,23 +5,15 @@ batch in a savepoint (:func:`run_in_savepoint`)."""
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from amqp_lab.errors import DedupStoreError
 
-__all__ = ["Dialect", "HandlerDb", "on_store_connection", "qmark_to_format", "run_in_savepoint"]
+__all__ = ["Dialect", "HandlerDb", "qmark_to_format", "run_in_savepoint"]
 
 Dialect = Literal["sqlite", "postgresql"]
-
-_STORE_ERRORS: weakref.WeakSet[BaseException] = weakref.WeakSet()
-
-
-def on_store_connection(error: BaseException | None) -> bool:
-    """Whether ``error`` was raised by a statement on the store's own connection (through a
-    :class:`HandlerDb` or a savepoint) - not by a handler's other connections or code."""
-    return error is not None and error in _STORE_ERRORS
+OnError = Callable[[BaseException], None]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -62,12 +54,15 @@ class HandlerDb:
     ``guard_transaction`` (SQLite), a statement after the transaction ended underneath the
     handler (SQLite rolls back by itself on a full disk or an I/O error) raises DedupStoreError
     instead of running in autocommit mode - it would commit without the claim, and the
-    redelivery would apply it a second time."""
+    redelivery would apply it a second time. ``on_error`` is told of the error of each
+    statement before it is raised, so the store sees what failed on its connection even when
+    the handler catches it (a connection pooler's error: PostgresDedupStore)."""
 
     __slots__ = (
         "_connection",
         "_format",
         "_guard",
+        "_on_error",
         "_on_first_use",
         "_savepoint",
         "dialect",
@@ -81,8 +76,10 @@ class HandlerDb:
         on_first_use: Callable[[], None] | None = None,
         guard_transaction: bool = False,
         savepoint: bool = False,
+        on_error: OnError | None = None,
     ) -> None:
         self._connection = connection
+        self._on_error = on_error  # told of each statement's error before it is raised
         self.dialect = dialect
         self._format = dialect == "postgresql"
         self._on_first_use = on_first_use
@@ -95,7 +92,7 @@ class HandlerDb:
             if self._on_first_use is not None:
                 self._on_first_use()
             if self._savepoint:
-                _statement(self._connection, self.dialect, "SAVEPOINT delivery")
+                _statement(self._connection, self.dialect, "SAVEPOINT delivery", self._on_error)
             self.used = True
         if self._guard and not self._connection.in_transaction:
             raise DedupStoreError(
@@ -111,8 +108,9 @@ class HandlerDb:
             sql = qmark_to_format(sql)
         try:
             return connection.execute(sql) if params is None else connection.execute(sql, params)
-        except Exception as e:  # the driver's: told apart from a handler's own (a pooler's)
-            _STORE_ERRORS.add(e)
+        except Exception as e:
+            if self._on_error is not None:
+                self._on_error(e)
             raise
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
@@ -125,7 +123,8 @@ class HandlerDb:
                     return cursor
             return connection.executemany(sql, rows)
         except Exception as e:
-            _STORE_ERRORS.add(e)
+            if self._on_error is not None:
+                self._on_error(e)
             raise
 
     def __getattr__(self, name: str) -> Any:
@@ -147,15 +146,21 @@ _ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript
 
 
 def run_in_savepoint(
-    connection: Any, dialect: Dialect, work: Callable[[Any], None], check: Callable[[], None]
+    connection: Any,
+    dialect: Dialect,
+    work: Callable[[Any], None],
+    check: Callable[[], None],
+    on_error: OnError | None = None,
 ) -> BaseException | None:
     """Run one handler of a batch on a :class:`HandlerDb` whose first use opens ``SAVEPOINT
     delivery``; then ``check()`` (the store's test that its transaction is still usable).
     Returns None after RELEASE, or the exception ``work`` or ``check`` raised after ROLLBACK
     TO. A DedupStoreError (the store failed or was misused) is raised, not returned. One
     object per handler (the HandlerDb): a batch of 500 fast handlers allocates little for the
-    garbage collector to trace."""
-    db = HandlerDb(connection, dialect, guard_transaction=dialect == "sqlite", savepoint=True)
+    garbage collector to trace. ``on_error`` is told of the error of every statement on
+    ``connection``, the handler's and the savepoints' (the store's own connection)."""
+    guard = dialect == "sqlite"
+    db = HandlerDb(connection, dialect, guard_transaction=guard, savepoint=True, on_error=on_error)
     try:
         work(db)
         check()
@@ -163,15 +168,17 @@ def run_in_savepoint(
         raise
     except BaseException as e:  # the handler's error (sys.exit() too): roll back this one only
         if db.used:
-            _statement(connection, dialect, "ROLLBACK TO delivery")
-            _statement(connection, dialect, "RELEASE delivery")
+            _statement(connection, dialect, "ROLLBACK TO delivery", on_error)
+            _statement(connection, dialect, "RELEASE delivery", on_error)
         return e
     if db.used:
-        _statement(connection, dialect, "RELEASE delivery")
+        _statement(connection, dialect, "RELEASE delivery", on_error)
     return None
 
 
-def _statement(connection: Any, dialect: Dialect, statement: str) -> None:
+def _statement(
+    connection: Any, dialect: Dialect, statement: str, on_error: OnError | None = None
+) -> None:
     """Run a savepoint statement, never prepared on the server (a batch runs each many times:
     psycopg would prepare it, and behind a pooler in transaction mode meet another server
     session); DedupStoreError when it fails."""
@@ -181,5 +188,6 @@ def _statement(connection: Any, dialect: Dialect, statement: str) -> None:
         else:
             connection.execute(statement)
     except Exception as e:  # sqlite3.Error or psycopg.Error
-        _STORE_ERRORS.add(e)
+        if on_error is not None:
+            on_error(e)
         raise DedupStoreError(f"{statement} failed: {e}") from e

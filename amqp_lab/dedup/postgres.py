@@ -27,7 +27,6 @@ from psycopg.pq import TransactionStatus
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, schema
 from amqp_lab.dedup.ddl import create_missing
-from amqp_lab.dedup.handler_db import on_store_connection
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.dedup.pooler import prepared_elsewhere
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
@@ -61,7 +60,7 @@ class PostgresDedupStore(SqlStore):
     about 30 s by default; the URL's own keepalive parameters win); ``prepare``: whether psycopg
     may prepare statements on the server (after five runs of one) - give False behind a pooler
     in transaction mode without prepared-statement support (PgBouncer before 1.21), where a
-    statement prepared on one server session meets another (:meth:`_pooled`: the store stops
+    statement prepared on one server session meets another (:meth:`_note`: the store stops
     preparing at the first error it sees, but cannot see every case). Raises DedupStoreError
     (password masked) when the database cannot be reached.
 
@@ -106,29 +105,29 @@ class PostgresDedupStore(SqlStore):
 
     def _error(self, what: str, e: BaseException) -> DedupStoreError:
         """StoreUnavailable for a connection-level failure (OperationalError, or the connection
-        is broken or closed, or a pooler met: :meth:`_pooled`), else DedupStoreError; the
+        is broken or closed, or a pooler met: :meth:`_pooler`), else DedupStoreError; the
         password is masked."""
-        detail = mask_secrets(" ".join(str(e).split()), self._password)
-        lost = self._pooled(e, True) or isinstance(e, psycopg.OperationalError) or self._lost()
+        pooler = self._pooler(e)
+        detail = mask_secrets(" ".join(str(pooler or e).split()), self._password)
+        lost = pooler is not None or isinstance(e, psycopg.OperationalError) or self._lost()
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
 
-    def _pooled(self, e: BaseException, ours: bool = False) -> bool:
-        """Whether ``e`` (or the error it was raised from) is a statement psycopg prepared on
-        one server session meeting another (:func:`~amqp_lab.dedup.pooler.prepared_elsewhere`):
-        a connection pooler in transaction mode hands each transaction to any of its server
-        connections. Only an error of a statement on the store's connection counts
-        (:func:`~amqp_lab.dedup.handler_db.on_store_connection`; ``ours``: the store's own
-        statement): a handler's other connection is the handler's failure. From then on no
-        connection of the store prepares a statement on the server, and the call is an
-        outage: rolled back, retried. Reactive: a prepared statement that meets another one
-        of the same name and shape on the other session runs it silently - give
+    def _note(self, e: BaseException) -> None:
+        """Told of every failed statement on this thread's connection (the HandlerDb's
+        ``on_error``: the handler's, the store's, a savepoint's - never a handler's other
+        connections): a statement psycopg prepared on one server session met on another
+        (:func:`~amqp_lab.dedup.pooler.prepared_elsewhere`) is a connection pooler in
+        transaction mode, which hands each transaction to any of its server connections.
+        It is kept for the transaction, whatever the handler does with it (catch it, wrap it
+        or raise another error): the transaction is lost to it, an outage rolled back and
+        retried (:meth:`_pooler`). From then on no connection of the store prepares a
+        statement on the server. Reactive: a prepared statement that meets another one of
+        the same name and shape on the other session runs it silently - give
         ``prepare=False`` behind such a pooler."""
-        if not any(
-            prepared_elsewhere(error) and (ours or on_store_connection(error))
-            for error in (e, e.__cause__)
-        ):
-            return False
+        if not prepared_elsewhere(e):
+            return
+        self._local.pooler = e
         if not self._unprepared:
             self._unprepared = True
             log.warning(
@@ -139,7 +138,14 @@ class PostgresDedupStore(SqlStore):
         db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
         if db is not None:
             db.prepare_threshold = None
-        return True
+
+    def _pooler(self, e: BaseException | None = None) -> BaseException | None:
+        """The pooler's error this thread's transaction met (:meth:`_note`), ``e`` included
+        (the store's own statements on the bare connection), or None."""
+        if e is not None:
+            self._note(e)
+        pooler: BaseException | None = getattr(self._local, "pooler", None)
+        return pooler
 
     def _lost(self) -> bool:
         db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
@@ -171,14 +177,17 @@ class PostgresDedupStore(SqlStore):
         """One transaction on this thread's connection: commit on success; roll back and
         re-raise the caller's exception unchanged otherwise (StoreUnavailable instead when the
         connection was lost); a failed COMMIT raises DedupStoreError."""
+        self._local.pooler = None  # (before the connection: an error opening it is no pooler's)
         db = self._connection()
         try:
-            yield HandlerDb(db, "postgresql")
+            yield HandlerDb(db, "postgresql", on_error=self._note)
+            if self._pooler() is not None:  # a handler caught it and returned
+                raise TransientError("a statement met a connection pooler")
         except BaseException as e:
             # On a broken connection the server rolls back when the session ends.
             with suppress(psycopg.Error):
                 db.rollback()
-            if (self._lost() or self._pooled(e)) and not isinstance(e, StoreUnavailable):
+            if (self._lost() or self._pooler()) and not isinstance(e, StoreUnavailable):
                 # the handler's statement, or a savepoint, hit the lost connection (or a pooler)
                 raise self._error(what, e) from e
             raise
@@ -267,7 +276,7 @@ class PostgresDedupStore(SqlStore):
                         )
                     _raise_if_aborted(db, message_id)
 
-                error = self._handlers(message_id, run_in_savepoint(db, "postgresql", work, check))
+                error = self._run_handler(db, message_id, work, check)
                 succeeded[message_id] = error is None
                 results.append(True if error is None else error)
             failed = [message_id for message_id, ok in succeeded.items() if not ok]
@@ -278,11 +287,19 @@ class PostgresDedupStore(SqlStore):
                     raise self._error("release failed claims in", e) from e
         return results
 
-    def _handlers(self, message_id: str, error: BaseException | None) -> BaseException | None:
-        """A batch's handler's ``error`` (None: it succeeded) - unless it is no fault of the
-        handler's but a statement prepared on another server session (:meth:`_pooled`):
-        StoreUnavailable then, and the whole batch is rolled back and retried."""
-        if error is not None and self._pooled(error):
+    def _run_handler(
+        self,
+        db: psycopg.Connection[Any],
+        message_id: str,
+        work: Callable[[Any], None],
+        check: Callable[[], None],
+    ) -> BaseException | None:
+        """Run one handler of a batch in its savepoint (:func:`run_in_savepoint`); return None
+        or its error - or raise StoreUnavailable when that is no fault of the handler's but a
+        statement met a pooler (:meth:`_note`), so that the whole batch is rolled back and
+        retried."""
+        error = run_in_savepoint(db, "postgresql", work, check, self._note)
+        if error is not None and self._pooler() is not None:
             raise self._error(f"run the handler of {message_id!r} in", error) from error
         return error
 

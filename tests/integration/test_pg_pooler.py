@@ -8,6 +8,7 @@ a direct connection gets them at its start."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from amqp_lab.dedup import PostgresDedupStore
+from amqp_lab.dedup import HandlerDb, PostgresDedupStore
 from amqp_lab.errors import OutboxUnavailable, StoreUnavailable
 from amqp_lab.message import message_for
 from amqp_lab.outbox import add
@@ -253,7 +254,7 @@ def test_an_error_that_only_names_a_prepared_statement_is_the_handlers_failure(
 
         def other(db: Any) -> None:  # the handler's own connection, not the store's
             db.execute("SELECT 1")
-            own.execute("EXECUTE _pg3_7")
+            HandlerDb(own, "postgresql").execute("EXECUTE _pg3_7")  # (as outbox.add wraps it)
 
         try:
             with pytest.raises(psycopg.errors.UniqueViolation, match='"_pg3_x"'):
@@ -270,5 +271,40 @@ def test_an_error_that_only_names_a_prepared_statement_is_the_handlers_failure(
             with psycopg.connect(url) as db:
                 claimed = {r[0] for r in db.execute("SELECT message_id FROM processed")}
             assert claimed == {"m-5"}  # the failed handlers' claims released
+        finally:
+            store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_pooler_met_on_the_stores_connection_is_an_outage_whatever_the_handler_does(
+    node: PgNode,
+) -> None:
+    """A statement on the store's connection that meets a pooler (here: a prepared statement of
+    psycopg's name that this server session lacks, as behind the pooler) loses the
+    transaction. Caught by the handler, which returns, or raised again as another error
+    without ``from``, it is still an outage - rolled back and retried - never the handler's
+    failure (which would end in the DLQ) nor a TransientError."""
+    url = node.create_database("app")
+
+    def swallowed(db: Any) -> None:
+        with contextlib.suppress(psycopg.Error):
+            db.execute("EXECUTE _pg3_7")
+
+    def replaced(db: Any) -> None:
+        try:
+            db.execute("EXECUTE _pg3_7")
+        except psycopg.Error:
+            raise ValueError("the handler's own words") from None
+
+    for work in (swallowed, replaced):
+        store = PostgresDedupStore(url)
+        try:
+            with pytest.raises(StoreUnavailable, match='prepared statement "_pg3_7"'):
+                store.process_once(f"once-{work.__name__}", work)
+            assert store._unprepared
+            with pytest.raises(StoreUnavailable, match='prepared statement "_pg3_7"'):
+                store.process_batch([("b-1", lambda db: None), (f"b-{work.__name__}", work)])
+            with psycopg.connect(url) as db:
+                assert db.execute("SELECT count(*) FROM processed").fetchone() == (0,)
         finally:
             store.close()

@@ -8,7 +8,7 @@ import sqlite3
 import psycopg
 import pytest
 
-from amqp_lab.dedup.handler_db import HandlerDb, on_store_connection
+from amqp_lab.dedup.handler_db import HandlerDb
 from amqp_lab.dedup.pooler import PREPARED_SQLSTATES, prepared_elsewhere
 
 pytestmark = pytest.mark.unit
@@ -50,16 +50,17 @@ def test_nothing_else_is_taken_for_it(error: Exception | None) -> None:
     assert not prepared_elsewhere(error)
 
 
-def test_an_error_of_a_statement_on_the_stores_connection_is_marked_as_such() -> None:
+def test_the_store_is_told_of_each_failed_statement_on_its_connection_raised_unchanged() -> None:
     connection = sqlite3.connect(":memory:")
-    db = HandlerDb(connection, "sqlite")
-    with pytest.raises(sqlite3.OperationalError) as raised:
+    told: list[BaseException] = []
+    db = HandlerDb(connection, "sqlite", on_error=told.append)
+    with pytest.raises(sqlite3.OperationalError) as missing:
         db.execute("SELECT * FROM missing")
-    assert on_store_connection(raised.value)
-    with pytest.raises(sqlite3.OperationalError) as raised:
+    with pytest.raises(sqlite3.OperationalError) as many:
         db.executemany("INSERT INTO missing VALUES (?)", [(1,)])
-    assert on_store_connection(raised.value)
-    with pytest.raises(sqlite3.OperationalError) as other:
-        connection.execute("SELECT * FROM missing")  # not through the store's HandlerDb
-    assert not on_store_connection(other.value)
-    assert not on_store_connection(None)
+    with pytest.raises(OverflowError) as overflow:  # a built-in error, raised as it was
+        db.execute("SELECT ?", (2**70,))
+    assert told == [missing.value, many.value, overflow.value]
+    connection.execute("SELECT 1")  # not through the store's HandlerDb: not told
+    assert len(told) == 3
+    assert db.execute("SELECT 2").fetchone() == (2,)
