@@ -55,8 +55,9 @@ class HandlerDb:
     handler (SQLite rolls back by itself on a full disk or an I/O error) raises DedupStoreError
     instead of running in autocommit mode - it would commit without the claim, and the
     redelivery would apply it a second time. ``on_error`` is told of the error of each
-    statement before it is raised, so the store sees what failed on its connection even when
-    the handler catches it (a connection pooler's error: PostgresDedupStore)."""
+    statement it runs before it is raised (not of a statement on a cursor it returned), so
+    the store sees what failed on its connection even when the handler catches it (a
+    connection pooler's error: PostgresDedupStore)."""
 
     __slots__ = (
         "_connection",

@@ -13,6 +13,7 @@ Isolation is PostgreSQL's default, READ COMMITTED. One connection per thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -113,39 +114,44 @@ class PostgresDedupStore(SqlStore):
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
 
-    def _note(self, e: BaseException) -> None:
-        """Told of every failed statement on this thread's connection (the HandlerDb's
-        ``on_error``: the handler's, the store's, a savepoint's - never a handler's other
-        connections): a statement psycopg prepared on one server session met on another
+    def _note(self, noted: list[BaseException], e: BaseException) -> None:
+        """Told of every failed statement on the connection of the transaction whose list is
+        ``noted`` (the HandlerDb's ``on_error``: the handler's statements through ``db``, the
+        store's, a savepoint's - from any thread; never a handler's other connections): a
+        statement psycopg prepared on one server session met on another
         (:func:`~amqp_lab.dedup.pooler.prepared_elsewhere`) is a connection pooler in
         transaction mode, which hands each transaction to any of its server connections.
-        It is kept for the transaction, whatever the handler does with it (catch it, wrap it
-        or raise another error): the transaction is lost to it, an outage rolled back and
-        retried (:meth:`_pooler`). From then on no connection of the store prepares a
-        statement on the server. Reactive: a prepared statement that meets another one of
-        the same name and shape on the other session runs it silently - give
-        ``prepare=False`` behind such a pooler."""
+        It is kept in ``noted``, whatever the handler does with it (catch it, wrap it or raise
+        another error): the transaction is lost to it, an outage rolled back and retried
+        (:meth:`_pooler`). From then on no connection of the store prepares a statement on the
+        server. Reactive: a prepared statement that meets another one of the same name and
+        shape on the other session runs it silently - give ``prepare=False`` behind such a
+        pooler."""
         if not prepared_elsewhere(e):
             return
-        self._local.pooler = e
+        noted.append(e)
         if not self._unprepared:
-            self._unprepared = True
+            self._unprepared = True  # each connection, at its next transaction
             log.warning(
                 "dedup store %s: a prepared statement met another server session (a connection"
                 " pooler in transaction mode?): statements are no longer prepared on the server",
                 self.location,
             )
-        db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
-        if db is not None:
-            db.prepare_threshold = None
+
+    def _noted(self) -> list[BaseException]:
+        """The pooler errors of this thread's current transaction (:meth:`_note`)."""
+        noted: list[BaseException] | None = getattr(self._local, "noted", None)
+        if noted is None:
+            noted = self._local.noted = []
+        return noted
 
     def _pooler(self, e: BaseException | None = None) -> BaseException | None:
-        """The pooler's error this thread's transaction met (:meth:`_note`), ``e`` included
-        (the store's own statements on the bare connection), or None."""
+        """The first pooler error this thread's transaction met (:meth:`_note`), ``e``
+        included (the store's own statements on the bare connection), or None."""
+        noted = self._noted()
         if e is not None:
-            self._note(e)
-        pooler: BaseException | None = getattr(self._local, "pooler", None)
-        return pooler
+            self._note(noted, e)
+        return noted[0] if noted else None
 
     def _lost(self) -> bool:
         db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
@@ -177,17 +183,19 @@ class PostgresDedupStore(SqlStore):
         """One transaction on this thread's connection: commit on success; roll back and
         re-raise the caller's exception unchanged otherwise (StoreUnavailable instead when the
         connection was lost); a failed COMMIT raises DedupStoreError."""
-        self._local.pooler = None  # (before the connection: an error opening it is no pooler's)
+        noted: list[BaseException] = []  # (before the connection: opening it is no pooler's)
+        self._local.noted = noted
         db = self._connection()
         try:
-            yield HandlerDb(db, "postgresql", on_error=self._note)
-            if self._pooler() is not None:  # a handler caught it and returned
+            yield HandlerDb(db, "postgresql", on_error=functools.partial(self._note, noted))
+            if noted:  # a handler caught it and returned
                 raise TransientError("a statement met a connection pooler")
         except BaseException as e:
             # On a broken connection the server rolls back when the session ends.
             with suppress(psycopg.Error):
                 db.rollback()
-            if (self._lost() or self._pooler()) and not isinstance(e, StoreUnavailable):
+            lost = self._lost() or (bool(noted) and isinstance(e, Exception))
+            if lost and not isinstance(e, StoreUnavailable):
                 # the handler's statement, or a savepoint, hit the lost connection (or a pooler)
                 raise self._error(what, e) from e
             raise
@@ -295,12 +303,15 @@ class PostgresDedupStore(SqlStore):
         check: Callable[[], None],
     ) -> BaseException | None:
         """Run one handler of a batch in its savepoint (:func:`run_in_savepoint`); return None
-        or its error - or raise StoreUnavailable when that is no fault of the handler's but a
-        statement met a pooler (:meth:`_note`), so that the whole batch is rolled back and
-        retried."""
-        error = run_in_savepoint(db, "postgresql", work, check, self._note)
-        if error is not None and self._pooler() is not None:
-            raise self._error(f"run the handler of {message_id!r} in", error) from error
+        or its error - or raise StoreUnavailable once a statement met a pooler
+        (:meth:`_note`), whether the handler failed or caught it: the whole batch is rolled
+        back and retried, and no later handler runs."""
+        on_error = functools.partial(self._note, self._noted())
+        error = run_in_savepoint(db, "postgresql", work, check, on_error)
+        pooler = self._pooler()
+        if pooler is not None:
+            cause = error or pooler
+            raise self._error(f"run the handler of {message_id!r} in", cause) from cause
         return error
 
     def _release_claims(self, db: psycopg.Connection[Any], message_ids: list[str]) -> None:

@@ -296,15 +296,30 @@ def test_a_pooler_met_on_the_stores_connection_is_an_outage_whatever_the_handler
         except psycopg.Error:
             raise ValueError("the handler's own words") from None
 
+    later: list[str] = []  # what a handler after the pooler's error did (nothing)
     for work in (swallowed, replaced):
         store = PostgresDedupStore(url)
         try:
             with pytest.raises(StoreUnavailable, match='prepared statement "_pg3_7"'):
                 store.process_once(f"once-{work.__name__}", work)
             assert store._unprepared
+            assert store.process_once(f"next-{work.__name__}", lambda db: None)  # no stale note
+            later.clear()
             with pytest.raises(StoreUnavailable, match='prepared statement "_pg3_7"'):
-                store.process_batch([("b-1", lambda db: None), (f"b-{work.__name__}", work)])
+                store.process_batch(
+                    [
+                        ("b-1", lambda db: None),
+                        (f"b-{work.__name__}", work),
+                        ("b-3", lambda db: later.append("ran")),
+                    ]
+                )
+            assert later == []  # the batch stopped at the pooler's error
+            assert store.process_batch([(f"after-{work.__name__}", lambda db: None)]) == [True]
             with psycopg.connect(url) as db:
-                assert db.execute("SELECT count(*) FROM processed").fetchone() == (0,)
+                claimed = {r[0] for r in db.execute("SELECT message_id FROM processed")}
+            assert {m for m in claimed if m.endswith(work.__name__) or m.startswith("b-")} == {
+                f"next-{work.__name__}",
+                f"after-{work.__name__}",
+            }
         finally:
             store.close()

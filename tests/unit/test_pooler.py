@@ -8,8 +8,9 @@ import sqlite3
 import psycopg
 import pytest
 
-from amqp_lab.dedup.handler_db import HandlerDb
+from amqp_lab.dedup.handler_db import HandlerDb, run_in_savepoint
 from amqp_lab.dedup.pooler import PREPARED_SQLSTATES, prepared_elsewhere
+from amqp_lab.errors import DedupStoreError
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +65,30 @@ def test_the_store_is_told_of_each_failed_statement_on_its_connection_raised_unc
     connection.execute("SELECT 1")  # not through the store's HandlerDb: not told
     assert len(told) == 3
     assert db.execute("SELECT 2").fetchone() == (2,)
+
+
+class _RefusingSavepoints:
+    """A connection whose savepoint statements fail, as a pooler's would."""
+
+    def __init__(self, refuse: str) -> None:
+        self.refuse = refuse
+        self.error = sqlite3.OperationalError(f"{refuse} refused")
+
+    def execute(self, sql: str, *params: object) -> None:
+        if sql.startswith(self.refuse):
+            raise self.error
+
+
+@pytest.mark.parametrize("refuse", ["SAVEPOINT", "RELEASE", "ROLLBACK TO"])
+def test_the_store_is_told_of_a_failed_savepoint_statement_too(refuse: str) -> None:
+    connection = _RefusingSavepoints(refuse)
+    told: list[BaseException] = []
+
+    def work(db: HandlerDb) -> None:
+        db.execute("SELECT 1")
+        if refuse == "ROLLBACK TO":
+            raise ValueError("the handler failed")
+
+    with pytest.raises(DedupStoreError, match=f"{refuse} delivery failed"):
+        run_in_savepoint(connection, "sqlite", work, lambda: None, told.append)
+    assert told == [connection.error]
