@@ -184,10 +184,11 @@ class PostgresDedupStore(SqlStore):
         re-raise the caller's exception unchanged otherwise (StoreUnavailable instead when the
         connection was lost); a failed COMMIT raises DedupStoreError."""
         noted: list[BaseException] = []  # (before the connection: opening it is no pooler's)
-        self._local.noted = noted
+        on_error = functools.partial(self._note, noted)  # one per transaction, not per handler
+        self._local.noted, self._local.on_error = noted, on_error
         db = self._connection()
         try:
-            yield HandlerDb(db, "postgresql", on_error=functools.partial(self._note, noted))
+            yield HandlerDb(db, "postgresql", on_error=on_error)
             if noted:  # a handler caught it and returned
                 raise TransientError("a statement met a connection pooler")
         except BaseException as e:
@@ -306,8 +307,7 @@ class PostgresDedupStore(SqlStore):
         or its error - or raise StoreUnavailable once a statement met a pooler
         (:meth:`_note`), whether the handler failed or caught it: the whole batch is rolled
         back and retried, and no later handler runs."""
-        on_error = functools.partial(self._note, self._noted())
-        error = run_in_savepoint(db, "postgresql", work, check, on_error)
+        error = run_in_savepoint(db, "postgresql", work, check, self._local.on_error)
         pooler = self._pooler()
         if pooler is not None:
             cause = error or pooler

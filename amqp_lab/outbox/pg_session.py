@@ -29,13 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = [
-    "REFUSED_TEXT",
-    "RELAY_SETTINGS",
-    "lock_timeout_value",
-    "refused",
-    "startup_options",
-]
+__all__ = ["REFUSED_TEXT", "RELAY_SETTINGS", "lock_timeout_value", "refused", "startup_options"]
 
 RELAY_SETTINGS = (
     ("synchronous_commit", "off"),
