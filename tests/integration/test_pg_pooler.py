@@ -323,3 +323,32 @@ def test_a_pooler_met_on_the_stores_connection_is_an_outage_whatever_the_handler
             }
         finally:
             store.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_pooler_that_restarts_is_an_outage_and_both_stores_go_on_after_it(
+    bouncer: PgBouncer,
+) -> None:
+    """PgBouncer stopped under a pooled outbox store and a dedup store (a deploy, a crash):
+    each call meanwhile is an outage (OutboxUnavailable, StoreUnavailable: retried by the
+    relay and the worker), never a stop; once it is back, both reconnect by themselves, still
+    pooled, with nothing half done."""
+    outbox = OutboxStore(bouncer.url, relay_session=True, lock_timeout=10)
+    dedup = PostgresDedupStore(bouncer.url, connect_timeout=2)
+    try:
+        assert outbox.pooled
+        assert dedup.process_once("before", lambda db: None)
+        bouncer.stop()
+        with pytest.raises(OutboxUnavailable):
+            outbox.status()
+        with pytest.raises(StoreUnavailable):
+            dedup.process_once("during", lambda db: None)
+        bouncer.start()
+        assert outbox.status() is not None and outbox.pooled and not outbox.relay_session
+        assert store_settings(outbox) == DEFAULTS | {"lock_timeout": "10s"}
+        assert dedup.process_once("during", lambda db: None)  # not claimed by the failed try
+        assert not dedup.process_once("before", lambda db: None)
+    finally:
+        outbox.close()
+        dedup.close()
+    assert settings(bouncer.url) == DEFAULTS
