@@ -56,6 +56,7 @@ __all__ = ["MAX_LOCK_TIMEOUT", "OutboxDb", "check_lock_timeout", "number"]
 
 log = logging.getLogger(__name__)
 _POOLED_SEEN: set[str] = set()  # outboxes whose relay warned of a pooler (relays reopen stores)
+_POOLER = " (a connection pooler such as PgBouncer)"
 
 T = TypeVar("T")
 
@@ -212,7 +213,7 @@ class OutboxDb:
         transaction with its settings local to it) and the call is an outage, retried."""
         if not prepared_elsewhere(e):
             return False
-        self._go_pooled("a statement prepared on one server session met another")
+        self._go_pooled("a statement prepared on one server session met another" + _POOLER)
         return True
 
     def _go_pooled(self, why: str) -> None:
@@ -224,9 +225,9 @@ class OutboxDb:
         if self._relay:
             _POOLED_SEEN.add(self.location)
         (log.info if quiet else log.warning)(
-            "outbox %s: %s (a connection pooler such as PgBouncer): every call is a transaction"
-            " with its settings local to it, and no statement is prepared on the server;"
-            " NOTIFY does not pass a pooler in transaction mode, so a relay polls",
+            "outbox %s: %s: every call is a transaction with its settings local to it, and no"
+            " statement is prepared on the server; NOTIFY does not pass a pooler in"
+            " transaction mode, so a relay polls",
             self.location,
             why,
         )
@@ -267,17 +268,24 @@ class OutboxDb:
         except psycopg.OperationalError as e:
             if not options or not refused(e):
                 raise
-            self._go_pooled("the server refused the startup parameter 'options'")
+            self._go_pooled("the server refused the startup parameter 'options'" + _POOLER)
             connection = connect()
         else:
             try:
                 applied = not options or self._applied(connection)
+            except psycopg.errors.InsufficientPrivilege:
+                applied = False  # not known: the settings go per transaction, which holds anyway
+                self._go_pooled(
+                    "this role may not read pg_settings, where a connection's startup settings"
+                    " are seen to be applied (or dropped by a pooler)"
+                )
             except BaseException:
                 connection.close()
                 raise
             if not applied:
                 connection.close()
-                self._go_pooled("the server ignored the startup parameter 'options'")
+                if not self.pooled:
+                    self._go_pooled("the server ignored the startup parameter 'options'" + _POOLER)
                 connection = connect()
         if self.pooled:
             connection.prepare_threshold = None

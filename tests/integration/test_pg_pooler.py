@@ -24,12 +24,13 @@ from amqp_lab.dedup import HandlerDb, PostgresDedupStore
 from amqp_lab.errors import OutboxUnavailable, StoreUnavailable
 from amqp_lab.message import message_for
 from amqp_lab.outbox import add
+from amqp_lab.outbox.db import OutboxDb
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.settings import BrokerSettings
 from lab.pg_node import PgNode, PgNodeError, find_bin_dir
 from tests.integration.test_outbox_faults import commit_order, drained, first_seen_order, relays
 from tests.pgbouncer import PgBouncer, unavailable
-from tests.support import NAMES
+from tests.support import NAMES, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model, pytest.mark.no_plain_consumer]
 
@@ -352,3 +353,80 @@ def test_a_pooler_that_restarts_is_an_outage_and_both_stores_go_on_after_it(
         outbox.close()
         dedup.close()
     assert settings(bouncer.url) == DEFAULTS
+
+
+def backends(node: PgNode, database: str) -> int:
+    """How many sessions are connected to ``database`` on ``node`` (the asking one apart)."""
+    with psycopg.connect(node.admin_url, autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+@pytest.mark.timeout(60)
+def test_a_startup_check_cut_off_is_an_outage_and_leaves_no_session_behind(
+    node: PgNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server session is terminated while the store checks in ``pg_settings`` that its
+    startup settings were applied (a failover, an operator's pg_terminate_backend): the call
+    is an outage - the relay retries it - and the connection is closed, not kept half set up;
+    the next store starts as a direct connection, with its settings."""
+    url = node.create_database("app")
+    check = OutboxDb._applied
+
+    def cut_off(self: OutboxDb, connection: Any) -> bool:
+        with psycopg.connect(node.admin_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (connection.info.backend_pid,))
+        return check(self, connection)
+
+    monkeypatch.setattr(OutboxDb, "_applied", cut_off)
+    with pytest.raises(OutboxUnavailable, match="terminat"):
+        OutboxStore(url, relay_session=True, lock_timeout=2.5)
+    wait_for(lambda: backends(node, "app") == 0, 10, what="no session left behind")
+    monkeypatch.undo()
+    store = OutboxStore(url, relay_session=True, lock_timeout=2.5)
+    try:
+        assert not store.pooled and store.relay_session
+        assert store_settings(store)["lock_timeout"] == "2500ms"
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_role_that_may_not_read_pg_settings_gets_its_settings_per_transaction(
+    node: PgNode, topology: BrokerSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hardened server revokes ``pg_settings`` from PUBLIC: the store cannot check that its
+    startup settings were applied. Before, the relay's store failed to open (OutboxError,
+    "permission denied for view pg_settings", every time); now it takes the way that holds
+    whether or not they were - per transaction, as behind a pooler - and says why."""
+    url = node.create_database("app")
+    with psycopg.connect(node.url("app"), autocommit=True) as admin:
+        admin.execute("CREATE ROLE app LOGIN")
+        admin.execute("GRANT CREATE ON SCHEMA public TO app")
+        admin.execute("REVOKE SELECT ON pg_catalog.pg_settings FROM PUBLIC")
+    url = url.replace("postgres@", "app@")
+    with caplog.at_level(logging.INFO, "amqp_lab.outbox"):
+        store = OutboxStore(url, relay_session=True, lock_timeout=2.5)
+    try:
+        assert store.pooled and not store.relay_session
+        assert "this role may not read pg_settings" in caplog.text
+        assert store_settings(store) == {
+            "synchronous_commit": "on",  # a relay's own, per call (see the pooled relay test)
+            "enable_seqscan": "on",
+            "lock_timeout": "2500ms",
+        }
+    finally:
+        store.close()
+    with relays(topology, url, 1, poll=0.1) as (relay,):
+        with psycopg.connect(url) as db:
+            for i in range(10):
+                add(db, message_for(NAMES, {"n": i}, message_id=f"k/r-{i}"), key="k")
+        drained(node.url("app"))
+        assert relay.failure is None
+    got, duplicates = first_seen_order(topology)
+    assert got == commit_order(node.url("app")) and sum(map(len, got.values())) == 10
+    assert duplicates == 0
+    wait_for(lambda: backends(node, "app") == 0, 10, what="the relay's sessions closed")
