@@ -4,16 +4,32 @@ batch in a savepoint (:func:`run_in_savepoint`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from amqp_lab.errors import DedupStoreError
 
-__all__ = ["Dialect", "HandlerDb", "qmark_to_format", "run_in_savepoint"]
+__all__ = ["Dialect", "HandlerDb", "first_value", "qmark_to_format", "run_in_savepoint"]
 
 Dialect = Literal["sqlite", "postgresql"]
 OnError = Callable[[BaseException], None]
+
+
+def first_value(row: Any) -> Any:
+    """The first column of ``row``, whatever row factory the caller's connection has: a tuple,
+    a sqlite3.Row or a named tuple (``row[0]``), a mapping (psycopg's ``dict_row``, a sqlite3
+    factory that builds dicts: its first value), a dataclass (``class_row``: its first field).
+    Raises TypeError for a row of another kind. Before, ``cancel`` read ``row[0]`` and, on a
+    ``dict_row`` connection, raised KeyError after its DELETE had run."""
+    if isinstance(row, Mapping):
+        return next(iter(row.values()))
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
+        return getattr(row, dataclasses.fields(row)[0].name)
+    if isinstance(row, Sequence):
+        return row[0]
+    raise TypeError(f"cannot read a {type(row).__name__} row: give a connection with tuple rows")
 
 
 @functools.lru_cache(maxsize=1024)

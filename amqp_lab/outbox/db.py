@@ -48,6 +48,7 @@ from amqp_lab.outbox.pg_session import (
     refused,
     startup_options,
 )
+from amqp_lab.outbox.row import sqlite_text
 from amqp_lab.outbox.sql import LEASE_SCANS, now_sql
 from amqp_lab.outbox.write import _create
 from amqp_lab.settings import mask_secrets, mask_url
@@ -188,6 +189,7 @@ class OutboxDb:
                 isolation_level=None,
                 check_same_thread=False,
             )
+            db.text_factory = sqlite_text  # a value not UTF-8: marked, never a failed read
             db.execute("PRAGMA synchronous=FULL")
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 with suppress(sqlite3.OperationalError):  # another process is switching it
@@ -225,9 +227,9 @@ class OutboxDb:
         if self._relay:
             _POOLED_SEEN.add(self.location)
         (log.info if quiet else log.warning)(
-            "outbox %s: %s: every call is a transaction with its settings local to it, and no"
-            " statement is prepared on the server; NOTIFY does not pass a pooler in"
-            " transaction mode, so a relay polls",
+            "outbox %s: %s: every call is a transaction with its settings local to it, no"
+            " statement is prepared on the server, and a relay polls instead of LISTEN (NOTIFY"
+            " does not pass a pooler in transaction mode)",
             self.location,
             why,
         )

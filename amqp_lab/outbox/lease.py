@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_lab.outbox.db import number
-from amqp_lab.outbox.row import OutboxRow
+from amqp_lab.outbox.row import OutboxRow, UndecodableText
 
 __all__ = ["Lease", "leased_row"]
 
@@ -47,9 +47,14 @@ def leased_row(values: Sequence[Any]) -> OutboxRow:
         properties=properties,
         headers=bytes(headers) if isinstance(headers, bytes | memoryview) else headers,
         body=bytes(body) if isinstance(body, memoryview) else body,
-        traceparent=traceparent if isinstance(traceparent, str) else None,
-        tracestate=tracestate if isinstance(tracestate, str) else None,
+        traceparent=_text(traceparent),
+        tracestate=_text(tracestate),
         created_at=number(created_at),
         due_at=None if due_at is None else number(due_at),
         tries=int(number(tries, 1)),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A trace context column as text, or None when it is none (not text, not UTF-8)."""
+    return value if isinstance(value, str) and not isinstance(value, UndecodableText) else None

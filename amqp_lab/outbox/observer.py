@@ -6,6 +6,7 @@ Prometheus implementation is :class:`amqp_lab.exporters.outbox_metrics.OutboxMet
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,6 +17,10 @@ from amqp_lab.outbox.row import OutboxRow
 from amqp_lab.outbox.status import OutboxStatus
 
 __all__ = ["NO_RELAY_OBSERVER", "NoRelayObserver", "RelayConfig", "RelayObserver", "RelayReport"]
+
+
+_SECONDS: tuple[str, ...] = ("lease", "poll", "keep_sent", "retry_base", "retry_cap")
+_SECONDS += ("status_interval", "publish_timeout", "idle_exit", "drain_timeout")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if self.batch_rows < 1 or self.batch_bytes < 1 or self.batches < 1 or self.window < 1:
             raise ValueError("batch_rows, batch_bytes, batches and window must be >= 1")
+        seconds = {name: getattr(self, name) for name in _SECONDS}
+        for name, value in seconds.items():  # an infinite lease: a dead relay's rows held for good
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
+        if self.drain_timeout < 0 or (self.idle_exit is not None and self.idle_exit < 0):
+            raise ValueError("drain_timeout and idle_exit must be >= 0 seconds")
         if not self.lease > 0 or (self.poll is not None and not self.poll > 0):
             raise ValueError("lease and poll must be > 0 seconds")
         if self.keep_sent < 0 or self.retry_base < 0 or self.retry_cap < self.retry_base:

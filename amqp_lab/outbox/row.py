@@ -29,6 +29,7 @@ __all__ = [
     "OutboxRow",
     "RowUndecodable",
     "RowValues",
+    "UndecodableText",
     "due_seconds",
     "message_of",
     "ordering_key_of",
@@ -50,6 +51,23 @@ _INT_PROPERTIES = ("priority", "timestamp")
 class RowUndecodable(ValueError):
     """An outbox row that is no message: its properties are not the JSON object
     :func:`row_values` writes, its headers no AMQP field table, a column of the wrong type."""
+
+
+class UndecodableText(str):
+    """A SQLite text value that is not UTF-8 (a row written by hand or by another program),
+    read with U+FFFD in place of its bad bytes (:func:`sqlite_text`): the status and the
+    operator's commands show it; the relay parks a row whose message_id, key, exchange,
+    routing key or properties is one (:func:`message_of`) and drops such a trace context."""
+
+
+def sqlite_text(value: bytes) -> str:
+    """A SQLite connection's ``text_factory``: the column as UTF-8, or an
+    :class:`UndecodableText` - without it one such value failed every read of its row
+    ("Could not decode to UTF-8 column ...", every lease: the relay stopped)."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return UndecodableText(value.decode(errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -115,9 +133,13 @@ def due_seconds(due_at: float | datetime | None) -> float | None:
         return due_at.timestamp()
     if isinstance(due_at, bool) or not isinstance(due_at, int | float):
         raise ConfigurationError(f"due_at must be a datetime or epoch seconds, not {due_at!r}")
-    if not math.isfinite(due_at):
-        raise ConfigurationError(f"due_at must be a finite time, not {due_at!r}")
-    return float(due_at)
+    try:
+        seconds = float(due_at)  # an int past a float's range: OverflowError
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"due_at must be a finite time, not {due_at!r:.40}")
+    return seconds
 
 
 def ordering_key_of(message: OutgoingMessage, key: str | None) -> str | None:
@@ -236,6 +258,9 @@ def message_of(row: OutboxRow) -> OutgoingMessage:
     for name in ("exchange", "routing_key", "properties"):
         if not isinstance(getattr(row, name), str):
             raise RowUndecodable(f"column {name} is not text")
+    for name in ("message_id", "ordering_key", "exchange", "routing_key", "properties"):
+        if isinstance(getattr(row, name), UndecodableText):
+            raise RowUndecodable(f"column {name} is not UTF-8 text")
     if not isinstance(row.body, bytes | bytearray | memoryview):
         raise RowUndecodable(f"column body is {type(row.body).__name__}, not bytes")
     fields = dict(_property_fields(row.properties))

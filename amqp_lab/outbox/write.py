@@ -27,6 +27,7 @@ import psycopg
 
 from amqp_lab.dedup.base import HandlerDb
 from amqp_lab.dedup.ddl import create_missing
+from amqp_lab.dedup.handler_db import first_value
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox.row import RowValues, row_values
@@ -54,8 +55,11 @@ _ADD_POSTGRES = (
     f" INSERT INTO amqp_lab_outbox ({_COLUMNS})"
     " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, gate.now, ?::float8,"
     " greatest(gate.now, coalesce(?::float8, gate.now)) FROM gate"
-    " ON CONFLICT (message_id) DO NOTHING"
+    " ON CONFLICT (message_id) DO NOTHING RETURNING 1"
 )
+"""A row back when the message was added: read with fetchone, which waits for it in a psycopg
+pipeline too (its rowcount is -1 there until the pipeline syncs: ``add`` said False for a
+row it had written)."""
 _ADD_SQLITE = (
     f"INSERT INTO amqp_lab_outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (message_id) DO NOTHING"
@@ -159,7 +163,7 @@ def add(
                 values.due_at,
                 values.due_at,
             )
-            return bool(db.execute(_ADD_POSTGRES, params).rowcount == 1)
+            return db.execute(_ADD_POSTGRES, params).fetchone() is not None
         now = clock()
         available = now if values.due_at is None else max(now, values.due_at)
         params = (*_columns(values), now, values.due_at, available)
@@ -191,8 +195,8 @@ def cancel(
     statement and this one wait for each other's row lock, so exactly one of them wins.
     Raises OutboxError / OutboxUnavailable, TypeError as :func:`add`."""
     db = handler_db(connection)
-    if db.dialect == "postgresql" and "\x00" in message_id:
-        return CancelResult.NOT_FOUND  # no PostgreSQL row holds a NUL (add refuses it too)
+    if (db.dialect == "postgresql" and "\x00" in message_id) or not encodable(message_id):
+        return CancelResult.NOT_FOUND  # no row holds a NUL or a lone surrogate (add refuses both)
     now_sql = _NOW_POSTGRES if db.dialect == "postgresql" else "?"
     now_params: tuple[Any, ...] = () if db.dialect == "postgresql" else (clock(),)
 
@@ -203,13 +207,14 @@ def cancel(
             (message_id, *now_params),
         ).fetchone()
         if row is not None:
-            return CancelResult.CANCELLED if int(row[0]) == 0 else CancelResult.CANCELLED_AFTER_TRY
+            tries = int(first_value(row))
+            return CancelResult.CANCELLED if tries == 0 else CancelResult.CANCELLED_AFTER_TRY
         left = db.execute(
             "SELECT sent_at FROM amqp_lab_outbox WHERE message_id = ?", (message_id,)
         ).fetchone()
         if left is None:
             return CancelResult.NOT_FOUND
-        return CancelResult.IN_FLIGHT if left[0] is None else CancelResult.SENT
+        return CancelResult.IN_FLIGHT if first_value(left) is None else CancelResult.SENT
 
     result: CancelResult = _run(f"cancel message_id={message_id!r}", delete)
     return result
@@ -236,3 +241,12 @@ def _create(db: HandlerDb) -> None:
     """The outbox's tables, unless they exist (:func:`~amqp_lab.dedup.ddl.create_missing`:
     no table lock then)."""
     create_missing(db, schema(db.dialect), SCHEMA_LOCK)
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be sent to a database: UTF-8 (no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

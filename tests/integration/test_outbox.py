@@ -23,10 +23,10 @@ import pytest
 
 from amqp_lab.connection import open_channel
 from amqp_lab.dedup.handler_db import HandlerDb
-from amqp_lab.errors import OutboxUnavailable, UnencodableMessage
+from amqp_lab.errors import OutboxError, OutboxUnavailable, UnencodableMessage
 from amqp_lab.fieldtable import TaggedInt
 from amqp_lab.message import message_for
-from amqp_lab.outbox import CancelResult, add, cancel
+from amqp_lab.outbox import CancelResult, add, cancel, create_schema
 from amqp_lab.outbox.leasing import LEASE_ROUNDS, LeaseQueries
 from amqp_lab.outbox.observer import RelayConfig, RelayReport
 from amqp_lab.outbox.outcomes import PARKED, RowResult, Verdict
@@ -132,8 +132,53 @@ def test_a_message_id_holding_a_nul_is_refused_by_add_and_not_found_by_cancel(ou
         assert add(db, message_for(NAMES, {"n": 2}, message_id="m-2")) is True
     with transaction(db):
         assert cancel(db, "m-\x00") is CancelResult.NOT_FOUND
+        assert cancel(db, "m-\udc80") is CancelResult.NOT_FOUND  # before: UnicodeEncodeError
         assert cancel(db, "m-2") is CancelResult.CANCELLED
     db.close()
+
+
+def dict_rows(url: str) -> Any:
+    """The application's connection, its rows dicts (psycopg's dict_row; sqlite3 a factory)."""
+    if url.startswith("postgresql://"):
+        return psycopg.connect(url, row_factory=psycopg.rows.dict_row)
+    db = sqlite3.connect(url)
+    db.row_factory = lambda cursor, row: {
+        d[0]: v for d, v in zip(cursor.description, row, strict=True)
+    }
+    return db
+
+
+def test_the_writer_works_whatever_rows_the_connection_makes(outbox: str) -> None:
+    """An application whose connection makes dict rows: before, cancel read ``row[0]`` and
+    raised KeyError after its DELETE had run (a commit then cancelled the row anyway)."""
+    db = dict_rows(outbox)
+    with transaction(db):
+        create_schema(db)  # the tables are there: found in the catalog, not created again
+        assert add(db, message_for(NAMES, {"n": 1}, message_id="m-1"), due_at=time.time() + 60)
+        assert add(db, message_for(NAMES, {"n": 2}, message_id="m-2"))
+    with transaction(db):
+        assert cancel(db, "m-1") is CancelResult.CANCELLED
+        assert cancel(db, "m-1") is CancelResult.NOT_FOUND
+    db.close()
+    assert OutboxStore(outbox).status().pending == 1
+
+
+def test_add_in_a_psycopg_pipeline_says_what_it_did() -> None:
+    """In pipeline mode a statement's rowcount is -1 until the pipeline syncs: add said False
+    (already there) for a row it had written, and a missing table failed only at the end of
+    the block, as a raw driver error. Now add reads its result, which waits for it."""
+    with temp_database() as url:
+        with psycopg.connect(url) as db:
+            with db.pipeline(), pytest.raises(OutboxError, match="does not exist"):
+                add(db, message_for(NAMES, {"n": 0}, message_id="m-0"))
+            db.rollback()
+            create_schema(db)
+            with db.pipeline():
+                assert add(db, message_for(NAMES, {"n": 1}, message_id="m-1")) is True
+                assert add(db, message_for(NAMES, {"n": 1}, message_id="m-1")) is False
+                assert add(db, message_for(NAMES, {"n": 2}, message_id="m-2")) is True
+            db.commit()
+        assert OutboxStore(url).status().pending == 2
 
 
 def test_scheduled_messages_wait_for_their_time_and_survive_a_relay_restart(
@@ -313,6 +358,57 @@ def test_hostile_rows_are_parked_with_their_reason_and_block_nothing_else(
         assert "RowUndecodable" in (reports[message_id].error or "")
     status = OutboxStore(url).status()
     assert (status.failed, status.parked) == (4, 4)
+
+
+def test_text_that_is_not_utf8_parks_its_row_and_every_tool_still_reads_the_outbox(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """SQLite stores whatever bytes a program gives it as TEXT. Before, one value that was
+    not UTF-8 failed every read of its row ("Could not decode to UTF-8 column ...": every
+    lease, so the relay stopped and sent nothing; the status too); now the row is parked with
+    the reason, its key's later rows wait behind it, the rest go, and the status shows it."""
+    url = str(tmp_path / "app.sqlite3")
+    OutboxStore(url).close()
+    db = sqlite3.connect(url)
+    columns = "message_id, ordering_key, exchange, routing_key, properties, traceparent"
+    good = ("'tasks'", "'task'", "'{}'", "NULL")
+    bad = "CAST(x'ff' AS TEXT)"
+    cases = {  # message_id: the other columns' SQL, one of them not UTF-8
+        "bad-key": ("CAST(x'6bff' AS TEXT)", *good),
+        "bad-exchange": ("'k-e'", bad, *good[1:]),
+        "bad-routing-key": ("'k-r'", good[0], bad, *good[2:]),
+        "bad-properties": ("'k-p'", *good[:2], bad, "NULL"),
+        "bad-traceparent": ("'k-t'", *good[:3], bad),  # a trace context lost, the message not
+    }
+    with transaction(db):
+        for message_id, values in cases.items():
+            db.execute(
+                f"INSERT INTO amqp_lab_outbox ({columns}, headers, body, created_at, available_at)"
+                f" VALUES (?, {', '.join(values)}, x'00000000', x'7b7d', 0, 0)",
+                (message_id,),
+            )
+        db.execute(  # behind the bad key's head, on the same stored bytes
+            f"INSERT INTO amqp_lab_outbox ({columns}, headers, body, created_at, available_at)"
+            f" VALUES ('behind-bad-key', CAST(x'6bff' AS TEXT), {', '.join(good)},"
+            " x'00000000', x'7b7d', 0, 0)"
+        )
+        db.execute(
+            f"INSERT INTO amqp_lab_outbox ({columns}, headers, body, created_at, available_at)"
+            f" VALUES ({bad}, 'k-m', {', '.join(good)}, x'00000000', x'7b7d', 0, 0)"
+        )
+        add(db, message_for(NAMES, {"n": 1}, message_id="fine"))
+    db.close()
+    reports = {r.message_id: r for r in relay_until_idle(topology, url)}
+    assert sorted(ids_in(topology)) == ["bad-traceparent", "fine"]
+    refused = {m for m, r in reports.items() if r.outcome == "refused"}
+    assert refused == {"bad-key", "bad-exchange", "bad-routing-key", "bad-properties", "\ufffd"}
+    assert all("not UTF-8 text" in (reports[m].error or "") for m in refused)
+    assert "behind-bad-key" not in reports  # its key's head is parked: it waits
+    status = run_script(topology, "relay.py", "status", "--outbox-url", url, "--json")
+    assert status.returncode == 0, status.stderr
+    data = strict_json(status.stdout)
+    assert (data["pending"], data["failed"], data["parked"]) == (6, 5, 5)
+    assert {r["message_id"] for r in data["refused"]} == refused
 
 
 def test_a_relay_that_dies_holding_a_lease_delays_its_rows_and_loses_none(

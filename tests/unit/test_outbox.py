@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from amqp_lab.dedup.handler_db import first_value
 from amqp_lab.errors import (
     BrokerBlocked,
     ConfigurationError,
@@ -29,17 +32,19 @@ from amqp_lab.outbox import flight as outbox_flight
 from amqp_lab.outbox import trace as outbox_trace
 from amqp_lab.outbox.chains import Candidate, ChainRun, cut, plan
 from amqp_lab.outbox.db import MAX_LOCK_TIMEOUT
-from amqp_lab.outbox.lease import Lease
+from amqp_lab.outbox.lease import Lease, leased_row
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig
 from amqp_lab.outbox.outcomes import PARKED, Verdict, judge, refusal_delay, result_for
 from amqp_lab.outbox.row import (
     OutboxRow,
     RowUndecodable,
+    UndecodableText,
     _parse_properties,
     due_seconds,
     message_of,
     ordering_key_of,
     row_values,
+    sqlite_text,
 )
 from amqp_lab.outbox.schema import schema
 from amqp_lab.outbox.status import OutboxStatus, RelaySeen, outbox_problems
@@ -147,6 +152,43 @@ def test_a_hostile_row_is_undecodable_with_its_reason(
         message_of(_row(row_values(_message()), **overrides))
 
 
+@pytest.mark.parametrize(
+    "column", ["message_id", "ordering_key", "exchange", "routing_key", "properties"]
+)
+def test_a_column_sqlite_could_not_read_as_utf8_makes_its_row_undecodable(column: str) -> None:
+    text = sqlite_text(b"{\xff}")
+    assert isinstance(text, UndecodableText) and text == "{\ufffd}"
+    assert type(sqlite_text("k\u00e9".encode())) is str  # UTF-8: plain text
+    with pytest.raises(RowUndecodable, match=f"column {column} is not UTF-8 text"):
+        message_of(_row(row_values(_message()), **{column: text}))
+
+
+def test_a_trace_context_that_is_not_utf8_is_dropped_not_the_row() -> None:
+    values = (1, "m", "k", "x", "rk", "{}", b"\x00\x00\x00\x00", b"{}")
+    row = leased_row((*values, sqlite_text(b"\xff"), sqlite_text(b"\xfe"), 0.0, None, 1))
+    assert (row.traceparent, row.tracestate) == (None, None)
+    assert message_of(row).message_id == "m"
+
+
+def test_the_first_value_of_a_row_whatever_its_factory_made() -> None:
+    @dataclass
+    class Tries:
+        tries: int
+        other: str
+
+    db = sqlite3.connect(":memory:")
+    db.row_factory = sqlite3.Row
+    for row in (
+        (3, "x"),
+        {"tries": 3, "other": "x"},
+        Tries(3, "x"),
+        db.execute("SELECT 3, 'x'").fetchone(),
+    ):
+        assert first_value(row) == 3
+    with pytest.raises(TypeError, match="tuple rows"):
+        first_value(object())
+
+
 def test_a_hostile_rows_properties_are_refused_every_time_not_remembered() -> None:
     """The properties column's parse is cached per text; a failure is not: the same bad row,
     leased again, is refused again with its reason."""
@@ -234,7 +276,9 @@ def test_due_at_is_an_aware_datetime_or_finite_epoch_seconds() -> None:
     when = datetime(2030, 1, 1, tzinfo=UTC)
     assert due_seconds(when) == when.timestamp()
     assert due_seconds(12.5) == 12.5 and due_seconds(None) is None
-    for bad in (datetime(2030, 1, 1), math.nan, math.inf, True, "tomorrow"):
+    assert due_seconds(2**62) == float(2**62)
+    # 10**400: an int past a float's range (before: OverflowError, not this error)
+    for bad in (datetime(2030, 1, 1), math.nan, math.inf, True, "tomorrow", 10**400):
         with pytest.raises(ConfigurationError):
             due_seconds(bad)  # type: ignore[arg-type]
 
@@ -435,3 +479,22 @@ def test_a_lock_timeout_postgresql_cannot_take_is_refused(seconds: float, tmp_pa
 
 def test_the_largest_lock_timeout_postgresql_takes_is_accepted() -> None:
     assert RelayConfig(lock_timeout=MAX_LOCK_TIMEOUT).lock_timeout == 2_147_483.647
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("lease", math.inf),
+        ("poll", math.nan),
+        ("drain_timeout", math.inf),
+        ("drain_timeout", -1.0),
+        ("idle_exit", -1.0),
+        ("publish_timeout", math.inf),
+        ("retry_cap", math.inf),
+    ],
+)
+def test_a_relay_setting_in_seconds_must_be_a_finite_time(name: str, value: float) -> None:
+    """``lease=inf`` was taken: a PostgreSQL relay's leases never expired, so the rows of a
+    relay that died were held for good; an infinite drain_timeout never let a stop end."""
+    with pytest.raises(ValueError, match=name):
+        RelayConfig(**{name: value})  # type: ignore[arg-type]
