@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import HandlerDb
-from amqp_lab.dedup.handler_db import first_value
 
 __all__ = ["create_missing", "created_names"]
 
@@ -68,7 +67,7 @@ def create_missing(db: HandlerDb, statements: Sequence[str], lock_key: int) -> b
 
     def existing() -> set[str]:
         rows = db.execute(_EXISTING, (array_literal(names),)).fetchall()
-        return {str(first_value(r)) for r in rows}
+        return {str(r[0]) for r in rows}
 
     if existing() >= set(names):
         return False

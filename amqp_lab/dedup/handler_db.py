@@ -4,32 +4,18 @@ batch in a savepoint (:func:`run_in_savepoint`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
+
+from psycopg.rows import tuple_row
 
 from amqp_lab.errors import DedupStoreError
 
-__all__ = ["Dialect", "HandlerDb", "first_value", "qmark_to_format", "run_in_savepoint"]
+__all__ = ["Dialect", "HandlerDb", "qmark_to_format", "run_in_savepoint"]
 
 Dialect = Literal["sqlite", "postgresql"]
 OnError = Callable[[BaseException], None]
-
-
-def first_value(row: Any) -> Any:
-    """The first column of ``row``, whatever row factory the caller's connection has: a tuple,
-    a sqlite3.Row or a named tuple (``row[0]``), a mapping (psycopg's ``dict_row``, a sqlite3
-    factory that builds dicts: its first value), a dataclass (``class_row``: its first field).
-    Raises TypeError for a row of another kind. Before, ``cancel`` read ``row[0]`` and, on a
-    ``dict_row`` connection, raised KeyError after its DELETE had run."""
-    if isinstance(row, Mapping):
-        return next(iter(row.values()))
-    if dataclasses.is_dataclass(row) and not isinstance(row, type):
-        return getattr(row, dataclasses.fields(row)[0].name)
-    if isinstance(row, Sequence):
-        return row[0]
-    raise TypeError(f"cannot read a {type(row).__name__} row: give a connection with tuple rows")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -119,8 +105,11 @@ class HandlerDb:
         return self._connection
 
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
-        """Run one statement; ``?`` placeholders, ``params`` a sequence. Returns a cursor."""
-        connection = self._use()
+        """Run one statement; ``?`` placeholders, ``params`` a sequence. Returns a cursor whose
+        rows are tuples, whatever row factory the connection has (an application's connection
+        given to :func:`amqp_lab.outbox.add` or ``cancel`` may make dicts or objects: ``cancel``
+        read ``row[0]`` and raised KeyError after its DELETE had run)."""
+        connection = _tuple_rows(self._use())
         if self._format and params is not None:
             sql = qmark_to_format(sql)
         try:
@@ -157,6 +146,19 @@ class HandlerDb:
 
     def __exit__(self, *exc: object) -> None:
         raise TypeError("with db: would commit the store's transaction")
+
+
+def _tuple_rows(connection: Any) -> Any:
+    """``connection`` when its rows are tuples (psycopg's ``tuple_row``, sqlite3's None), else
+    a cursor of it whose rows are."""
+    factory = getattr(connection, "row_factory", None)
+    if factory is None or factory is tuple_row:
+        return connection
+    if hasattr(connection, "pgconn"):  # psycopg
+        return connection.cursor(row_factory=tuple_row)
+    cursor = connection.cursor()
+    cursor.row_factory = None
+    return cursor
 
 
 _ENDS_THE_TRANSACTION = frozenset({"commit", "rollback", "close", "executescript", "autocommit"})

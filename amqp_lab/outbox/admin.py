@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from amqp_lab.dedup.base import HandlerDb
+from amqp_lab.errors import OutboxError
 from amqp_lab.outbox.db import OutboxDb, number
-from amqp_lab.outbox.sql import in_list, status_sql
+from amqp_lab.outbox.row import UndecodableText
+from amqp_lab.outbox.sql import bound, in_list, mark, status_sql
 from amqp_lab.outbox.status import FailedRow, OutboxStatus, RelaySeen
 
 __all__ = ["RELAY_SEEN_WITHIN", "OutboxAdmin"]
@@ -31,14 +33,12 @@ class OutboxAdmin(OutboxDb):
         def work(db: HandlerDb) -> tuple[OutboxStatus, float | None]:
             now = self._now(db)
             row = db.execute(status_sql(self.dialect), (now, now, now, now)).fetchone()
-            relays = tuple(
-                RelaySeen(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4]))
-                for r in db.execute(
-                    "SELECT relay_id, host, pid, started_at, seen_at FROM amqp_lab_outbox_relays"
-                    " WHERE seen_at >= ? ORDER BY started_at",
-                    (now - RELAY_SEEN_WITHIN,),
-                ).fetchall()
-            )
+            heartbeats = db.execute(
+                "SELECT relay_id, host, pid, started_at, seen_at FROM amqp_lab_outbox_relays"
+                " WHERE seen_at >= ? ORDER BY started_at",
+                (now - RELAY_SEEN_WITHIN,),
+            ).fetchall()
+            relays = tuple(seen for r in heartbeats if (seen := _relay_seen(r, now)) is not None)
             oldest = None if row[5] is None else max(0.0, now - number(row[5], now))
             status = OutboxStatus(
                 now, int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]), oldest, relays
@@ -113,13 +113,13 @@ class OutboxAdmin(OutboxDb):
 
         def work(db: HandlerDb) -> int:
             now = self._now(db)
-            which = "" if message_id is None else " AND message_id = ?"
+            which, given = ("", ()) if message_id is None else self._refused_id(db, message_id)
             return int(
                 db.execute(
                     "UPDATE amqp_lab_outbox SET available_at = ? WHERE sent_at IS NULL"
                     " AND last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= ?)"
                     + which,
-                    (now, now) + (() if message_id is None else (message_id,)),
+                    (now, now, *given),
                 ).rowcount
             )
 
@@ -132,16 +132,58 @@ class OutboxAdmin(OutboxDb):
 
         def work(db: HandlerDb) -> FailedRow | None:
             now = self._now(db)
+            which, given = self._refused_id(db, message_id)
             row = db.execute(
-                "DELETE FROM amqp_lab_outbox WHERE message_id = ? AND sent_at IS NULL"
+                "DELETE FROM amqp_lab_outbox WHERE sent_at IS NULL"
                 " AND last_error IS NOT NULL AND (lease_until IS NULL OR lease_until <= ?)"
-                " RETURNING message_id, ordering_key, exchange, routing_key, tries, last_error,"
+                + which
+                + " RETURNING message_id, ordering_key, exchange, routing_key, tries, last_error,"
                 " refused_at, available_at",
-                (message_id, now),
+                (now, *given),
             ).fetchone()
             return None if row is None else _failed_row(row)
 
         return self._run("discard a row of", work)
+
+    def _refused_id(self, db: HandlerDb, message_id: str) -> tuple[str, tuple[Any, ...]]:
+        """The condition naming ``message_id`` and its parameter. A SQLite message_id that is
+        not UTF-8 is matched by its stored bytes when ``message_id`` is the text the status
+        shows for it (before, retry and discard bound that text, which matched no row: such a
+        row could only be retried with ``--all``, never discarded). Raises OutboxError when
+        several rows show as that text."""
+        shown = _shown_as(db, message_id)
+        if len(shown) > 1:
+            raise OutboxError(
+                f"{len(shown)} refused rows show as message_id {message_id!r} (bytes that are"
+                " not UTF-8): retry them with --all, or delete them by hand"
+            )
+        if shown:
+            return f" AND message_id = {mark(shown[0])}", (bound(shown[0]),)
+        return " AND message_id = ?", (message_id,)
+
+
+def _shown_as(db: HandlerDb, message_id: str) -> list[UndecodableText]:
+    """SQLite: the refused rows' message_ids that are not UTF-8 and show as ``message_id``
+    (U+FFFD in place of their bad bytes, as :meth:`OutboxAdmin.failed` lists them)."""
+    if db.dialect != "sqlite" or "\ufffd" not in message_id:
+        return []
+    rows = db.execute(
+        "SELECT DISTINCT message_id FROM amqp_lab_outbox WHERE sent_at IS NULL"
+        " AND last_error IS NOT NULL"
+    ).fetchall()
+    return [r[0] for r in rows if isinstance(r[0], UndecodableText) and str(r[0]) == message_id]
+
+
+def _relay_seen(r: Sequence[Any], now: float) -> RelaySeen | None:
+    """A heartbeat row as a live relay, or None: one whose ``seen_at`` is not a time within
+    :data:`RELAY_SEEN_WITHIN` of ``now`` (a hostile row's text or NaN - SQLite compares text
+    above every number, PostgreSQL NaN above every float - or a time ahead, left by a relay that
+    died before the clock went back) counts as no relay, whatever else it holds. Before, such
+    a row counted as a live relay for ever, and a pid that was no number failed the status."""
+    seen = number(r[4], math.nan)
+    if not abs(seen - now) <= RELAY_SEEN_WITHIN:
+        return None
+    return RelaySeen(str(r[0]), str(r[1]), int(number(r[2])), number(r[3]), seen)
 
 
 def _failed_row(r: Sequence[Any]) -> FailedRow:

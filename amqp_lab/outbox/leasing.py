@@ -25,6 +25,7 @@ from amqp_lab.outbox.sql import (
     STATEMENT_CLOCK,
     after_sql,
     blocked_sql,
+    bound,
     followers_sql,
     heads_sql,
     in_list,
@@ -121,7 +122,7 @@ class LeaseQueries(OutboxAdmin):
             else:
                 found = []
                 for key in keys:
-                    rows = db.execute(after_sql(self.dialect), (key, after[key], per_key))
+                    rows = db.execute(after_sql(self.dialect), (bound(key), after[key], per_key))
                     found.extend(rows.fetchall())
             by_key: dict[str, list[Any]] = {}
             for r in found:

@@ -54,10 +54,28 @@ class RowUndecodable(ValueError):
 
 
 class UndecodableText(str):
-    """A SQLite text value that is not UTF-8 (a row written by hand or by another program),
-    read with U+FFFD in place of its bad bytes (:func:`sqlite_text`): the status and the
-    operator's commands show it; the relay parks a row whose message_id, key, exchange,
-    routing key or properties is one (:func:`message_of`) and drops such a trace context."""
+    """A SQLite text value that is not UTF-8 (a row written by hand or by another program):
+    the text with U+FFFD in place of its bad bytes, which the status and the operator's
+    commands show, and the stored bytes, ``raw``, which a statement binds to find it again
+    (:func:`amqp_lab.outbox.sql.bound`; equal and hashed by them). The relay parks a row
+    whose message_id, key, exchange, routing key or properties is one (:func:`message_of`)
+    and drops such a trace context."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> UndecodableText:
+        text = super().__new__(cls, raw.decode(errors="replace"))
+        text.raw = raw
+        return text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UndecodableText) and other.raw == self.raw
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
 
 
 def sqlite_text(value: bytes) -> str:
@@ -67,7 +85,7 @@ def sqlite_text(value: bytes) -> str:
     try:
         return value.decode()
     except UnicodeDecodeError:
-        return UndecodableText(value.decode(errors="replace"))
+        return UndecodableText(value)
 
 
 @dataclass(frozen=True)

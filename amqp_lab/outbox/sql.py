@@ -25,6 +25,7 @@ from typing import Any
 
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import Dialect
+from amqp_lab.outbox.row import UndecodableText
 
 __all__ = [
     "LEASED_COLUMNS",
@@ -32,6 +33,7 @@ __all__ = [
     "STATEMENT_CLOCK",
     "after_sql",
     "blocked_sql",
+    "bound",
     "followers_sql",
     "heads_sql",
     "in_list",
@@ -39,6 +41,7 @@ __all__ = [
     "lease_heads_sql",
     "lease_sql",
     "leased_rows_sql",
+    "mark",
     "not_in",
     "now_sql",
     "size_sql",
@@ -92,8 +95,23 @@ def in_list(
         kind = "text" if isinstance(ids[0], str) else "bigint"
         sql = f"{column} = ANY(?::{kind}[])"
         return (f"NOT ({sql})" if negate else sql), (array_literal(ids),)
-    marks = ",".join("?" * len(ids))
-    return f"{column} {'NOT IN' if negate else 'IN'} ({marks})", tuple(ids)
+    marks = ",".join(map(mark, ids))
+    return f"{column} {'NOT IN' if negate else 'IN'} ({marks})", tuple(map(bound, ids))
+
+
+def mark(value: Any) -> str:
+    """SQLite: the placeholder for ``value`` - ``CAST(? AS TEXT)`` for an
+    :class:`~amqp_lab.outbox.row.UndecodableText`, whose stored bytes :func:`bound` gives
+    (a blob cast to text is those bytes), else ``?``."""
+    return "CAST(? AS TEXT)" if isinstance(value, UndecodableText) else "?"
+
+
+def bound(value: Any) -> Any:
+    """SQLite: the parameter for ``value`` (:func:`mark`). Before, a key that was not UTF-8
+    was bound as its U+FFFD text, which matched nothing: a lease skipping that key's backlog
+    found the same window again and again, and the relay leased in a loop, sending nothing
+    else."""
+    return value.raw if isinstance(value, UndecodableText) else value
 
 
 def not_in(dialect: Dialect, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
@@ -183,13 +201,13 @@ def key_heads_sql(
             f" AND e.sent_at IS NULL ORDER BY e.id LIMIT 1) h WHERE h.available_at <= {now}"
         )
         return sql, (array_literal(keys),)
-    values = ", ".join("(?)" for _ in keys)
+    values = ", ".join(f"({mark(key)})" for key in keys)
     sql = (
         "SELECT e.id FROM amqp_lab_outbox e WHERE e.id IN (SELECT (SELECT min(f.id)"
         " FROM amqp_lab_outbox f WHERE f.ordering_key = k.column1 AND f.sent_at IS NULL)"
         f" FROM (VALUES {values}) AS k) AND e.available_at <= {now}"
     )
-    return sql, tuple(keys)
+    return sql, tuple(map(bound, keys))
 
 
 def blocked_sql(
@@ -287,7 +305,7 @@ def after_sql(dialect: Dialect) -> str:
             " ORDER BY f.ordering_key, f.id"
         )
     return (
-        f"SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = ? AND id > ?"
+        f"SELECT {columns} FROM amqp_lab_outbox WHERE ordering_key = CAST(? AS TEXT) AND id > ?"
         " AND sent_at IS NULL ORDER BY id LIMIT ?"
     )
 

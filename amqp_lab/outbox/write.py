@@ -27,7 +27,6 @@ import psycopg
 
 from amqp_lab.dedup.base import HandlerDb
 from amqp_lab.dedup.ddl import create_missing
-from amqp_lab.dedup.handler_db import first_value
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox.row import RowValues, row_values
@@ -207,14 +206,14 @@ def cancel(
             (message_id, *now_params),
         ).fetchone()
         if row is not None:
-            tries = int(first_value(row))
+            tries = int(row[0])
             return CancelResult.CANCELLED if tries == 0 else CancelResult.CANCELLED_AFTER_TRY
         left = db.execute(
             "SELECT sent_at FROM amqp_lab_outbox WHERE message_id = ?", (message_id,)
         ).fetchone()
         if left is None:
             return CancelResult.NOT_FOUND
-        return CancelResult.IN_FLIGHT if first_value(left) is None else CancelResult.SENT
+        return CancelResult.IN_FLIGHT if left[0] is None else CancelResult.SENT
 
     result: CancelResult = _run(f"cancel message_id={message_id!r}", delete)
     return result

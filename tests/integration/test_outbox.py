@@ -137,25 +137,41 @@ def test_a_message_id_holding_a_nul_is_refused_by_add_and_not_found_by_cancel(ou
     db.close()
 
 
-def dict_rows(url: str) -> Any:
-    """The application's connection, its rows dicts (psycopg's dict_row; sqlite3 a factory)."""
+class Row:  # what an application's row factory makes: nothing our statements' columns fit
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if "tries" not in kwargs:
+            raise TypeError("not a row of ours")
+
+
+def app_rows(url: str, kind: str) -> Any:
+    """The application's connection, its rows dicts or objects of its own."""
     if url.startswith("postgresql://"):
-        return psycopg.connect(url, row_factory=psycopg.rows.dict_row)
+        factory = psycopg.rows.dict_row if kind == "dict" else psycopg.rows.kwargs_row(Row)
+        return psycopg.connect(url, row_factory=factory)
     db = sqlite3.connect(url)
-    db.row_factory = lambda cursor, row: {
-        d[0]: v for d, v in zip(cursor.description, row, strict=True)
-    }
+    if kind == "dict":
+        db.row_factory = lambda cursor, row: dict(
+            zip([d[0] for d in cursor.description], row, strict=True)
+        )
+    else:
+        db.row_factory = lambda cursor, row: Row(
+            **{d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+        )
     return db
 
 
-def test_the_writer_works_whatever_rows_the_connection_makes(outbox: str) -> None:
-    """An application whose connection makes dict rows: before, cancel read ``row[0]`` and
-    raised KeyError after its DELETE had run (a commit then cancelled the row anyway)."""
-    db = dict_rows(outbox)
+@pytest.mark.parametrize("kind", ["dict", "object"])
+def test_the_writer_works_whatever_rows_the_connection_makes(outbox: str, kind: str) -> None:
+    """An application whose connection makes dict rows or objects: before, cancel read
+    ``row[0]`` and raised KeyError (or the factory's TypeError) after its DELETE had run (a
+    commit then cancelled the row anyway), and create_schema failed. The outbox's statements
+    now read tuples whatever the connection makes."""
+    db = app_rows(outbox, kind)
     with transaction(db):
         create_schema(db)  # the tables are there: found in the catalog, not created again
         assert add(db, message_for(NAMES, {"n": 1}, message_id="m-1"), due_at=time.time() + 60)
         assert add(db, message_for(NAMES, {"n": 2}, message_id="m-2"))
+        assert not add(db, message_for(NAMES, {"n": 2}, message_id="m-2"))
     with transaction(db):
         assert cancel(db, "m-1") is CancelResult.CANCELLED
         assert cancel(db, "m-1") is CancelResult.NOT_FOUND
@@ -401,14 +417,90 @@ def test_text_that_is_not_utf8_parks_its_row_and_every_tool_still_reads_the_outb
     reports = {r.message_id: r for r in relay_until_idle(topology, url)}
     assert sorted(ids_in(topology)) == ["bad-traceparent", "fine"]
     refused = {m for m, r in reports.items() if r.outcome == "refused"}
-    assert refused == {"bad-key", "bad-exchange", "bad-routing-key", "bad-properties", "\ufffd"}
+    shown = {str(m) for m in refused}  # the bad message_id's text, as the status shows it
+    assert shown == {"bad-key", "bad-exchange", "bad-routing-key", "bad-properties", "\ufffd"}
     assert all("not UTF-8 text" in (reports[m].error or "") for m in refused)
     assert "behind-bad-key" not in reports  # its key's head is parked: it waits
     status = run_script(topology, "relay.py", "status", "--outbox-url", url, "--json")
     assert status.returncode == 0, status.stderr
     data = strict_json(status.stdout)
     assert (data["pending"], data["failed"], data["parked"]) == (6, 5, 5)
-    assert {r["message_id"] for r in data["refused"]} == refused
+    assert {r["message_id"] for r in data["refused"]} == shown
+
+
+def test_a_key_that_is_not_utf8_holds_back_only_its_own_backlog_and_its_head_can_go(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """A key that is not UTF-8 with more due rows than a lease's window, older than the rest:
+    the relay parks its head and sends every other key's rows. Before, the lease skipping
+    that key bound its U+FFFD text, which matched nothing: it found the same window of the
+    key's rows every round and sent nothing else. The operator then discards the parked head
+    by the message_id the status shows (before: "no refused row"), and its key's next row is
+    retried and parked in turn."""
+    url = str(tmp_path / "app.sqlite3")
+    OutboxStore(url).close()
+    db = sqlite3.connect(url)
+    columns = "message_id, ordering_key, exchange, routing_key, properties, headers, body"
+    with transaction(db):
+        for n in range(40):  # the key's head and 39 rows behind it, all due, all oldest
+            db.execute(
+                f"INSERT INTO amqp_lab_outbox ({columns}, created_at, available_at) VALUES"
+                " (CAST(? || x'ff' AS TEXT), CAST(x'6bff' AS TEXT), 'tasks', 'task', '{}',"
+                " x'00000000', x'7b7d', 0, 0)",
+                (f"b{n}-",),
+            )
+        for n in range(12):
+            add(db, message_for(NAMES, {"n": n}, message_id=f"fine-{n}"), key=f"k{n % 3}")
+    db.close()
+    relay_until_idle(topology, url, batch_rows=5)
+    assert sorted(ids_in(topology)) == sorted(f"fine-{n}" for n in range(12))
+    store = OutboxStore(url)
+    (failed,) = store.failed()
+    assert failed.message_id == "b0-\ufffd" and store.status().pending == 40
+    store.close()
+    discard = ("discard", "--outbox-url", url, "--message-id", "b0-\ufffd")
+    done = run_script(topology, "relay.py", *discard)
+    assert done.returncode == 0, done.stdout + done.stderr
+    relay_until_idle(topology, url, batch_rows=5)
+    store = OutboxStore(url)
+    assert [f.message_id for f in store.failed()] == ["b1-\ufffd"]  # the next head, parked
+    assert store.status().pending == 39
+    store.close()
+    retry = ("retry", "--outbox-url", url, "--message-id", "b1-\ufffd")
+    retried = run_script(topology, "relay.py", *retry)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.startswith("1 refused row(s) due again")  # before: 0
+
+
+def test_a_hostile_heartbeat_counts_as_no_relay_and_the_status_still_reads(
+    topology: BrokerSettings, tmp_path: Path
+) -> None:
+    """Heartbeat rows written by hand: a seen_at that is text or NaN (SQLite compares text
+    above every number) or an hour ahead counted as a live relay for ever; a pid that was no
+    number failed the status with ValueError."""
+    url = str(tmp_path / "app.sqlite3")
+    store = OutboxStore(url)
+    now = store.now()
+    store.heartbeat("real", now)
+    db = sqlite3.connect(url)
+    with transaction(db):
+        for row in [
+            ("nan", "h", 1, 0, "NaN"),
+            ("text", "h", 1, 0, "yesterday"),
+            ("ahead", "h", 1, 0, now + 3600),
+            ("odd-pid", "h", "abc", "x", now),
+        ]:
+            db.execute("INSERT INTO amqp_lab_outbox_relays VALUES (?, ?, ?, ?, ?)", row)
+    db.close()
+    seen = {r.relay_id: r for r in store.status().relays}
+    store.close()
+    assert set(seen) == {"real", "odd-pid"} and (
+        seen["odd-pid"].pid,
+        seen["odd-pid"].started_at,
+    ) == (0, 0.0)
+    status = run_script(topology, "relay.py", "status", "--outbox-url", url, "--json")
+    assert status.returncode == 0, status.stderr
+    assert {r["relay_id"] for r in strict_json(status.stdout)["relays"]} == {"real", "odd-pid"}
 
 
 def test_a_relay_that_dies_holding_a_lease_delays_its_rows_and_loses_none(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amqp_lab.dedup.handler_db import first_value
 from amqp_lab.errors import (
     BrokerBlocked,
     ConfigurationError,
@@ -47,6 +45,7 @@ from amqp_lab.outbox.row import (
     sqlite_text,
 )
 from amqp_lab.outbox.schema import schema
+from amqp_lab.outbox.sql import bound, in_list, mark
 from amqp_lab.outbox.status import OutboxStatus, RelaySeen, outbox_problems
 from amqp_lab.outbox.store import OutboxStore
 from tests.amqp_values import field_tables, same
@@ -157,10 +156,30 @@ def test_a_hostile_row_is_undecodable_with_its_reason(
 )
 def test_a_column_sqlite_could_not_read_as_utf8_makes_its_row_undecodable(column: str) -> None:
     text = sqlite_text(b"{\xff}")
-    assert isinstance(text, UndecodableText) and text == "{\ufffd}"
+    assert isinstance(text, UndecodableText) and str(text) == "{\ufffd}"
     assert type(sqlite_text("k\u00e9".encode())) is str  # UTF-8: plain text
     with pytest.raises(RowUndecodable, match=f"column {column} is not UTF-8 text"):
         message_of(_row(row_values(_message()), **{column: text}))
+
+
+def test_text_that_is_not_utf8_is_bound_as_its_stored_bytes() -> None:
+    """A key read back from SQLite as U+FFFD text must find its rows again: bound as its bytes,
+    cast to text; equal only to the same bytes (two keys that show alike stay two)."""
+    bad, other = sqlite_text(b"k\xff"), sqlite_text(b"k\xfe")
+    assert str(bad) == str(other) == "k\ufffd" and bad != other and bad != "k\ufffd"
+    assert len({bad, other, sqlite_text(b"k\xff")}) == 2
+    assert in_list("sqlite", "ordering_key", ["a", bad]) == (
+        "ordering_key IN (?,CAST(? AS TEXT))",
+        ("a", b"k\xff"),
+    )
+    db = sqlite3.connect(":memory:")
+    db.text_factory = sqlite_text
+    db.execute("CREATE TABLE t (k TEXT)")
+    db.execute("INSERT INTO t VALUES (CAST(x'6bff' AS TEXT)), (CAST(x'6bfe' AS TEXT))")
+    (key,) = db.execute("SELECT k FROM t WHERE k = CAST(x'6bff' AS TEXT)").fetchone()
+    assert key == bad
+    found = db.execute(f"SELECT count(*) FROM t WHERE k = {mark(key)}", (bound(key),))
+    assert found.fetchone() == (1,)
 
 
 def test_a_trace_context_that_is_not_utf8_is_dropped_not_the_row() -> None:
@@ -168,25 +187,6 @@ def test_a_trace_context_that_is_not_utf8_is_dropped_not_the_row() -> None:
     row = leased_row((*values, sqlite_text(b"\xff"), sqlite_text(b"\xfe"), 0.0, None, 1))
     assert (row.traceparent, row.tracestate) == (None, None)
     assert message_of(row).message_id == "m"
-
-
-def test_the_first_value_of_a_row_whatever_its_factory_made() -> None:
-    @dataclass
-    class Tries:
-        tries: int
-        other: str
-
-    db = sqlite3.connect(":memory:")
-    db.row_factory = sqlite3.Row
-    for row in (
-        (3, "x"),
-        {"tries": 3, "other": "x"},
-        Tries(3, "x"),
-        db.execute("SELECT 3, 'x'").fetchone(),
-    ):
-        assert first_value(row) == 3
-    with pytest.raises(TypeError, match="tuple rows"):
-        first_value(object())
 
 
 def test_a_hostile_rows_properties_are_refused_every_time_not_remembered() -> None:
