@@ -16,6 +16,7 @@ from amqp_lab.outbox.db import OutboxDb, number
 from amqp_lab.outbox.row import UndecodableText
 from amqp_lab.outbox.sql import bound, in_list, mark, status_sql
 from amqp_lab.outbox.status import FailedRow, OutboxStatus, RelaySeen
+from amqp_lab.outbox.write import encodable
 
 __all__ = ["RELAY_SEEN_WITHIN", "OutboxAdmin"]
 
@@ -151,11 +152,26 @@ class OutboxAdmin(OutboxDb):
         shows for it (before, retry and discard bound that text, which matched no row: such a
         row could only be retried with ``--all``, never discarded). Raises OutboxError when
         several rows show as that text."""
+        if not encodable(message_id):  # bytes that are not UTF-8, as a shell passes them on
+            if db.dialect == "postgresql":
+                return " AND 1 = 0", ()  # no PostgreSQL text holds them
+            raw = message_id.encode("utf-8", "surrogateescape")
+            return " AND message_id = CAST(? AS TEXT)", (raw,)
         shown = _shown_as(db, message_id)
-        if len(shown) > 1:
+        exact = (
+            bool(shown)
+            and db.execute(
+                "SELECT 1 FROM amqp_lab_outbox WHERE message_id = ? AND sent_at IS NULL"
+                " AND last_error IS NOT NULL",
+                (message_id,),
+            ).fetchone()
+            is not None
+        )
+        if len(shown) + exact > 1:
             raise OutboxError(
-                f"{len(shown)} refused rows show as message_id {message_id!r} (bytes that are"
-                " not UTF-8): retry them with --all, or delete them by hand"
+                f"{len(shown) + exact} refused rows show as message_id {message_id!r} (bytes"
+                " that are not UTF-8): name the one you mean by its bytes, retry them all with"
+                " --all, or delete them by hand"
             )
         if shown:
             return f" AND message_id = {mark(shown[0])}", (bound(shown[0]),)

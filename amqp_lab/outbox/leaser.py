@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.outcomes import describe
+from amqp_lab.outbox.sql import key_order
 from amqp_lab.outbox.store import OutboxStore
 
 __all__ = ["HeldBack", "LeaseRequest", "LeaseResult", "Leaser", "lease_once", "stale_chains"]
@@ -127,7 +128,7 @@ class HeldBack:
         """The keys to skip now, sorted."""
         if now >= self._until:
             self._keys.clear()
-        return tuple(sorted(self._keys))
+        return tuple(sorted(self._keys, key=key_order))
 
 
 class Leaser:

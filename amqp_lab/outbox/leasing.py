@@ -29,6 +29,7 @@ from amqp_lab.outbox.sql import (
     followers_sql,
     heads_sql,
     in_list,
+    key_order,
     lease_heads_sql,
     lease_sql,
     leased_rows_sql,
@@ -126,7 +127,7 @@ class LeaseQueries(OutboxAdmin):
                     found.extend(rows.fetchall())
             by_key: dict[str, list[Any]] = {}
             for r in found:
-                by_key.setdefault(str(r[1]), []).append(r)
+                by_key.setdefault(r[1], []).append(r)  # as stored: equal to the key asked for
 
             def ready(r: Any) -> bool:
                 return number(r[3]) <= now and (r[4] is None or number(r[4]) <= now)
@@ -343,7 +344,11 @@ class LeaseQueries(OutboxAdmin):
         else:
             sql, params = blocked_sql(self.dialect, exclude, held)
             params = (now, now, *params, scan, scan, now, now)
-        rows = sorted((str(r[0]), bool(r[1])) for r in db.execute(sql, params).fetchall())
+        # each key as stored (bound again as it is: a key's str() - of a SQLite key that is
+        # not UTF-8, or by hand not text - matched none of its rows, and the lease skipping
+        # it found the same window every round)
+        found = [(r[0], bool(r[1])) for r in db.execute(sql, params).fetchall()]
+        rows = sorted(found, key=lambda r: key_order(r[0]))
         return [key for key, _ in rows], [key for key, ready in rows if ready]
 
     def _release(self, db: HandlerDb, owner: str, ids: Sequence[int], untried: bool) -> None:

@@ -77,7 +77,13 @@ class RelayConfig:
             raise ValueError("batch_rows, batch_bytes, batches and window must be >= 1")
         seconds = {name: getattr(self, name) for name in _SECONDS}
         for name, value in seconds.items():  # an infinite lease: a dead relay's rows held for good
-            if value is not None and not math.isfinite(value):
+            if (
+                value is not None
+                and not math.isfinite(value)
+                and not (
+                    name == "keep_sent" and value == math.inf  # sent rows kept for ever
+                )
+            ):
                 raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
         if self.drain_timeout < 0 or (self.idle_exit is not None and self.idle_exit < 0):
             raise ValueError("drain_timeout and idle_exit must be >= 0 seconds")

@@ -77,6 +77,9 @@ class UndecodableText(str):
     def __hash__(self) -> int:
         return hash(self.raw)
 
+    def __reduce__(self) -> tuple[type[UndecodableText], tuple[bytes]]:  # copy, pickle
+        return UndecodableText, (self.raw,)
+
 
 def sqlite_text(value: bytes) -> str:
     """A SQLite connection's ``text_factory``: the column as UTF-8, or an

@@ -38,6 +38,7 @@ __all__ = [
     "heads_sql",
     "in_list",
     "key_heads_sql",
+    "key_order",
     "lease_heads_sql",
     "lease_sql",
     "leased_rows_sql",
@@ -104,6 +105,12 @@ def mark(value: Any) -> str:
     :class:`~amqp_lab.outbox.row.UndecodableText`, whose stored bytes :func:`bound` gives
     (a blob cast to text is those bytes), else ``?``."""
     return "CAST(? AS TEXT)" if isinstance(value, UndecodableText) else "?"
+
+
+def key_order(key: Any) -> tuple[str, str]:
+    """A sort key for keys as a SQLite outbox may hold them - text, or by hand an integer, a
+    real or a blob - which Python cannot compare with each other."""
+    return type(key).__name__, str(key)
 
 
 def bound(value: Any) -> Any:

@@ -431,23 +431,30 @@ def test_text_that_is_not_utf8_parks_its_row_and_every_tool_still_reads_the_outb
 def test_a_key_that_is_not_utf8_holds_back_only_its_own_backlog_and_its_head_can_go(
     topology: BrokerSettings, tmp_path: Path
 ) -> None:
-    """A key that is not UTF-8 with more due rows than a lease's window, older than the rest:
-    the relay parks its head and sends every other key's rows. Before, the lease skipping
-    that key bound its U+FFFD text, which matched nothing: it found the same window of the
-    key's rows every round and sent nothing else. The operator then discards the parked head
-    by the message_id the status shows (before: "no refused row"), and its key's next row is
-    retried and parked in turn."""
+    """A key that is not UTF-8, and one that is an integer (SQLite's loose typing), each with a
+    parked head and more due rows behind it than a lease's window, older than the rest: the
+    relay sends every other key's rows. Before, the lease skipping such a key bound its str()
+    - U+FFFD text, "7" - which matched none of its rows: it found the same window every round
+    and sent nothing at all. The operator then discards the parked head by the message_id the
+    status shows (before: "no refused row"), and its key's next row is parked in turn and
+    retried by that text."""
     url = str(tmp_path / "app.sqlite3")
     OutboxStore(url).close()
     db = sqlite3.connect(url)
     columns = "message_id, ordering_key, exchange, routing_key, properties, headers, body"
+    parked = ", last_error, refused_at, created_at, available_at) VALUES"
     with transaction(db):
-        for n in range(40):  # the key's head and 39 rows behind it, all due, all oldest
+        for n in range(40):  # the key's head, parked as a relay parks it, and 39 rows behind it
             db.execute(
-                f"INSERT INTO amqp_lab_outbox ({columns}, created_at, available_at) VALUES"
-                " (CAST(? || x'ff' AS TEXT), CAST(x'6bff' AS TEXT), 'tasks', 'task', '{}',"
-                " x'00000000', x'7b7d', 0, 0)",
-                (f"b{n}-",),
+                f"INSERT INTO amqp_lab_outbox ({columns}{parked} (CAST(? || x'ff' AS TEXT),"
+                " CAST(x'6bff' AS TEXT), 'tasks', 'task', '{}', x'00000000', x'7b7d', ?, 0, 0, ?)",
+                (f"b{n}-", "RowUndecodable" if n == 0 else None, 1e308 if n == 0 else 0),
+            )
+        for n in range(40):  # by hand, an integer key: a parked head and 39 rows behind it
+            db.execute(
+                f"INSERT INTO amqp_lab_outbox ({columns}{parked} (?, 7, 'tasks', 'task', '{{}}',"
+                " x'00000000', x'7b7d', ?, 0, 0, ?)",
+                (f"i{n}", "RowUndecodable" if n == 0 else None, 1e308 if n == 0 else 0),
             )
         for n in range(12):
             add(db, message_for(NAMES, {"n": n}, message_id=f"fine-{n}"), key=f"k{n % 3}")
@@ -455,16 +462,16 @@ def test_a_key_that_is_not_utf8_holds_back_only_its_own_backlog_and_its_head_can
     relay_until_idle(topology, url, batch_rows=5)
     assert sorted(ids_in(topology)) == sorted(f"fine-{n}" for n in range(12))
     store = OutboxStore(url)
-    (failed,) = store.failed()
-    assert failed.message_id == "b0-\ufffd" and store.status().pending == 40
+    assert [f.message_id for f in store.failed()] == ["b0-\ufffd", "i0"]
+    assert store.status().pending == 80
     store.close()
     discard = ("discard", "--outbox-url", url, "--message-id", "b0-\ufffd")
     done = run_script(topology, "relay.py", *discard)
     assert done.returncode == 0, done.stdout + done.stderr
     relay_until_idle(topology, url, batch_rows=5)
     store = OutboxStore(url)
-    assert [f.message_id for f in store.failed()] == ["b1-\ufffd"]  # the next head, parked
-    assert store.status().pending == 39
+    assert [f.message_id for f in store.failed()] == ["b1-\ufffd", "i0"]  # b's next, parked
+    assert store.status().pending == 79
     store.close()
     retry = ("retry", "--outbox-url", url, "--message-id", "b1-\ufffd")
     retried = run_script(topology, "relay.py", *retry)

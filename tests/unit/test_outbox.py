@@ -4,8 +4,10 @@ publish outcome's verdict, and the status's alert lines."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import pickle
 import sqlite3
 from datetime import UTC, datetime
 from typing import Any
@@ -166,6 +168,8 @@ def test_text_that_is_not_utf8_is_bound_as_its_stored_bytes() -> None:
     """A key read back from SQLite as U+FFFD text must find its rows again: bound as its bytes,
     cast to text; equal only to the same bytes (two keys that show alike stay two)."""
     bad, other = sqlite_text(b"k\xff"), sqlite_text(b"k\xfe")
+    assert isinstance(bad, UndecodableText) and bad.raw == b"k\xff"
+    assert copy.deepcopy(bad) == pickle.loads(pickle.dumps(bad)) == bad  # observers may copy
     assert str(bad) == str(other) == "k\ufffd" and bad != other and bad != "k\ufffd"
     assert len({bad, other, sqlite_text(b"k\xff")}) == 2
     assert in_list("sqlite", "ordering_key", ["a", bad]) == (
@@ -498,3 +502,4 @@ def test_a_relay_setting_in_seconds_must_be_a_finite_time(name: str, value: floa
     relay that died were held for good; an infinite drain_timeout never let a stop end."""
     with pytest.raises(ValueError, match=name):
         RelayConfig(**{name: value})  # type: ignore[arg-type]
+    assert RelayConfig(keep_sent=math.inf).keep_sent == math.inf  # sent rows kept for ever

@@ -373,3 +373,32 @@ def test_taking_the_relay_lock_resets_the_last_holders_leases_once(tmp_path: Pat
     other.release()
     with pytest.raises(OutboxError, match=r"cannot open the relay lock .*missing"):
         RelayLock(tmp_path / "missing" / "lock").take(reset)
+
+
+def test_a_refused_message_id_that_is_not_utf8_is_named_by_its_text_or_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """The status shows a SQLite message_id that is not UTF-8 with U+FFFD; retry and discard
+    take that text, or the bytes themselves as a shell passes them on (lone surrogates);
+    when a row's message_id really is that text too, the text names neither (before: the
+    text matched no row, and the bytes raised UnicodeEncodeError)."""
+    url = str(tmp_path / "outbox.sqlite3")
+    store = OutboxStore(url)
+    db = sqlite3.connect(url)
+    with db:
+        for message_id in ("CAST(x'78ff' AS TEXT)", "CAST(x'78fe' AS TEXT)", "'x\ufffd'"):
+            db.execute(
+                "INSERT INTO amqp_lab_outbox (message_id, exchange, routing_key, properties,"
+                " headers, body, created_at, available_at, last_error, refused_at) VALUES"
+                f" ({message_id}, 'e', 'r', '{{}}', x'00000000', x'', 0, 1e308, 'refused', 0)"
+            )
+    db.close()
+    with pytest.raises(OutboxError, match="3 refused rows show as message_id 'x\ufffd'"):
+        store.discard("x\ufffd")
+    discarded = store.discard("x\udcff")  # b"x\xff", as os.fsdecode gives it from argv
+    assert discarded is not None and discarded.message_id == "x\ufffd"
+    assert store.retry("x\udcfe") == 1
+    assert store.discard("x\udcfe") is not None
+    gone = store.discard("x\ufffd")  # now only the row whose message_id is that text
+    assert gone is not None and store.status().pending == 0
+    store.close()
