@@ -109,10 +109,11 @@ class HandlerDb:
         rows are tuples, whatever row factory the connection has (an application's connection
         given to :func:`amqp_lab.outbox.add` or ``cancel`` may make dicts or objects: ``cancel``
         read ``row[0]`` and raised KeyError after its DELETE had run)."""
-        connection = _tuple_rows(self._use())
+        connection = self._use()
         if self._format and params is not None:
             sql = qmark_to_format(sql)
         try:
+            connection = _tuple_rows(connection)
             return connection.execute(sql) if params is None else connection.execute(sql, params)
         except Exception as e:
             if self._on_error is not None:

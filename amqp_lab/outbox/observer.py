@@ -75,16 +75,11 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if self.batch_rows < 1 or self.batch_bytes < 1 or self.batches < 1 or self.window < 1:
             raise ValueError("batch_rows, batch_bytes, batches and window must be >= 1")
-        seconds = {name: getattr(self, name) for name in _SECONDS}
-        for name, value in seconds.items():  # an infinite lease: a dead relay's rows held for good
-            if (
-                value is not None
-                and not math.isfinite(value)
-                and not (
-                    name == "keep_sent" and value == math.inf  # sent rows kept for ever
-                )
-            ):
-                raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
+        for name in _SECONDS:  # an infinite lease: a dead relay's rows held for good
+            value = getattr(self, name)
+            if value is None or math.isfinite(value) or (name, value) == ("keep_sent", math.inf):
+                continue  # (keep_sent=inf: sent rows kept for ever)
+            raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
         if self.drain_timeout < 0 or (self.idle_exit is not None and self.idle_exit < 0):
             raise ValueError("drain_timeout and idle_exit must be >= 0 seconds")
         if not self.lease > 0 or (self.poll is not None and not self.poll > 0):
