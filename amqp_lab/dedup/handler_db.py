@@ -90,6 +90,11 @@ class HandlerDb:
         self._savepoint = savepoint  # the first use opens SAVEPOINT delivery (after on_first_use)
         self.used = False
 
+    @property
+    def connection(self) -> Any:
+        """The driver's connection underneath (psycopg 3 or sqlite3)."""
+        return self._connection
+
     def _use(self) -> Any:
         if not self.used:
             if self._on_first_use is not None:

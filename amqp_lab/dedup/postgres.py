@@ -30,6 +30,7 @@ from amqp_lab.dedup.base import Dialect, HandlerDb, SqlStore, run_in_savepoint, 
 from amqp_lab.dedup.ddl import create_missing
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.dedup.pooler import prepared_elsewhere
+from amqp_lab.dedup.read_only import READ_ONLY_SQLSTATE, read_only_server, reported
 from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
 from amqp_lab.settings import mask_secrets, mask_url
 
@@ -69,7 +70,9 @@ class PostgresDedupStore(SqlStore):
     (``pg_terminate_backend``), the network cut - raises StoreUnavailable from whatever call
     noticed it, the handler's own statements included: the transaction is gone, nothing of it
     was committed (or, for a COMMIT whose answer was lost, the claims tell on the retry), and
-    the consumer retries the delivery with backoff."""
+    the consumer retries the delivery with backoff. So does a server that takes no writes (a
+    standby after a failover, ``default_transaction_read_only``: :mod:`amqp_lab.dedup.read_only`),
+    and the connection is closed: the next one may reach the primary."""
 
     dialect: Dialect = "postgresql"
 
@@ -106,15 +109,15 @@ class PostgresDedupStore(SqlStore):
 
     def _error(self, what: str, e: BaseException) -> DedupStoreError:
         """StoreUnavailable for a connection-level failure (OperationalError, or the connection
-        is broken or closed, or a pooler met: :meth:`_pooler`), else DedupStoreError; the
-        password is masked."""
-        pooler = self._pooler(e)
-        detail = mask_secrets(" ".join(str(pooler or e).split()), self._password)
-        lost = pooler is not None or isinstance(e, psycopg.OperationalError) or self._lost()
+        is broken or closed, or a pooler or a read-only server met: :meth:`_outage`), else
+        DedupStoreError; the password is masked."""
+        outage = self._outage(e)
+        detail = mask_secrets(" ".join(str(outage or e).split()), self._password)
+        lost = outage is not None or isinstance(e, psycopg.OperationalError) or self._lost()
         kind = StoreUnavailable if lost else DedupStoreError
         return kind(f"cannot {what} dedup store {self.location}: {detail}")
 
-    def _note(self, noted: list[BaseException], e: BaseException) -> None:
+    def _note(self, noted: list[BaseException], e: BaseException, db: Any | None = None) -> None:
         """Told of every failed statement on the connection of the transaction whose list is
         ``noted`` (the HandlerDb's ``on_error``: the handler's statements through ``db``, the
         store's, a savepoint's - from any thread; never a handler's other connections): a
@@ -123,10 +126,19 @@ class PostgresDedupStore(SqlStore):
         transaction mode, which hands each transaction to any of its server connections.
         It is kept in ``noted``, whatever the handler does with it (catch it, wrap it or raise
         another error): the transaction is lost to it, an outage rolled back and retried
-        (:meth:`_pooler`). From then on no connection of the store prepares a statement on the
+        (:meth:`_outage`). From then on no connection of the store prepares a statement on the
         server. Reactive: a prepared statement that meets another one of the same name and
         shape on the other session runs it silently - give ``prepare=False`` behind such a
-        pooler."""
+        pooler. A write refused because the session ``db`` (the transaction's connection; None:
+        this thread's) is read-only - a standby, ``default_transaction_read_only``
+        (:func:`read_only_server`) - is kept the same way, and the connection is closed when the
+        transaction ends (a session read-only from its start refuses the store's own claim,
+        which comes first); a transaction the handler made read-only itself is the handler's."""
+        if read_only_server(
+            e, reported(db if db is not None else getattr(self._local, "db", None))
+        ):
+            noted.append(e)
+            return
         if not prepared_elsewhere(e):
             return
         noted.append(e)
@@ -139,15 +151,15 @@ class PostgresDedupStore(SqlStore):
             )
 
     def _noted(self) -> list[BaseException]:
-        """The pooler errors of this thread's current transaction (:meth:`_note`)."""
+        """The outage errors of this thread's current transaction (:meth:`_note`)."""
         noted: list[BaseException] | None = getattr(self._local, "noted", None)
         if noted is None:
             noted = self._local.noted = []
         return noted
 
-    def _pooler(self, e: BaseException | None = None) -> BaseException | None:
-        """The first pooler error this thread's transaction met (:meth:`_note`), ``e``
-        included (the store's own statements on the bare connection), or None."""
+    def _outage(self, e: BaseException | None = None) -> BaseException | None:
+        """The first pooler or read-only error this thread's transaction met (:meth:`_note`),
+        ``e`` included (the store's own statements on the bare connection), or None."""
         noted = self._noted()
         if e is not None:
             self._note(noted, e)
@@ -172,7 +184,8 @@ class PostgresDedupStore(SqlStore):
             except psycopg.Error as e:
                 raise self._error("open", e) from e
             self._local.db = db
-            with self._all_lock:
+            with self._all_lock:  # without the ones closed: an outage's reconnects add up
+                self._all = [c for c in self._all if not c.closed]
                 self._all.append(db)
         if self._unprepared and db.prepare_threshold is not None:
             db.prepare_threshold = None
@@ -184,20 +197,22 @@ class PostgresDedupStore(SqlStore):
         re-raise the caller's exception unchanged otherwise (StoreUnavailable instead when the
         connection was lost); a failed COMMIT raises DedupStoreError."""
         noted: list[BaseException] = []  # (before the connection: opening it is no pooler's)
-        on_error = functools.partial(self._note, noted)  # one per transaction, not per handler
-        self._local.noted, self._local.on_error = noted, on_error
+        self._local.noted = noted
         db = self._connection()
+        on_error = functools.partial(self._note, noted, db=db)  # per transaction, not per handler
+        self._local.on_error = on_error
         try:
             yield HandlerDb(db, "postgresql", on_error=on_error)
             if noted:  # a handler caught it and returned
-                raise TransientError("a statement met a connection pooler")
+                raise TransientError(f"a statement met an outage: {noted[0]}")
         except BaseException as e:
             # On a broken connection the server rolls back when the session ends.
             with suppress(psycopg.Error):
                 db.rollback()
             lost = self._lost() or (bool(noted) and isinstance(e, Exception))
+            self._close_read_only(db, noted)
             if lost and not isinstance(e, StoreUnavailable):
-                # the handler's statement, or a savepoint, hit the lost connection (or a pooler)
+                # the handler's statement, or a savepoint, hit the lost connection (a pooler...)
                 raise self._error(what, e) from e
             raise
         if db.info.transaction_status == TransactionStatus.INERROR:
@@ -211,7 +226,16 @@ class PostgresDedupStore(SqlStore):
         try:
             db.commit()
         except psycopg.Error as e:
-            raise self._error(f"commit to ({what})", e) from e
+            error = self._error(f"commit to ({what})", e)
+            self._close_read_only(db, self._noted())
+            raise error from e
+
+    def _close_read_only(self, db: psycopg.Connection[Any], noted: list[BaseException]) -> None:
+        """Close ``db`` when a write met its session read-only (:meth:`_note`): it would stay
+        so for its life; the next call opens another, which may reach the primary."""
+        if any(isinstance(n, psycopg.Error) and n.sqlstate == READ_ONLY_SQLSTATE for n in noted):
+            with suppress(psycopg.Error):
+                db.close()
 
     def process_once(self, message_id: str, work: Callable[[Any], None]) -> bool:
         """Claim ``message_id`` and run ``work(db)`` in one transaction, commit, and return
@@ -304,13 +328,13 @@ class PostgresDedupStore(SqlStore):
         check: Callable[[], None],
     ) -> BaseException | None:
         """Run one handler of a batch in its savepoint (:func:`run_in_savepoint`); return None
-        or its error - or raise StoreUnavailable once a statement met a pooler
-        (:meth:`_note`), whether the handler failed or caught it: the whole batch is rolled
-        back and retried, and no later handler runs."""
+        or its error - or raise StoreUnavailable once a statement met a pooler or a read-only
+        server (:meth:`_note`), whether the handler failed or caught it: the whole batch is
+        rolled back and retried, and no later handler runs."""
         error = run_in_savepoint(db, "postgresql", work, check, self._local.on_error)
-        pooler = self._pooler()
-        if pooler is not None:
-            cause = error or pooler
+        outage = self._outage()
+        if outage is not None:
+            cause = error or outage
             raise self._error(f"run the handler of {message_id!r} in", cause) from cause
         return error
 

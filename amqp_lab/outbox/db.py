@@ -41,6 +41,7 @@ from amqp_lab.dedup import store_kind
 from amqp_lab.dedup.base import Dialect, HandlerDb
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.dedup.pooler import prepared_elsewhere
+from amqp_lab.dedup.read_only import read_only_server, reported
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.outbox.pg_session import (
     RELAY_SETTINGS,
@@ -200,6 +201,8 @@ class OutboxDb:
     def _error(self, what: str, e: BaseException) -> OutboxError:
         text = mask_secrets(" ".join(str(e).split()), self._password) if self._password else str(e)
         lost = self._prepared_elsewhere(e) or isinstance(e, psycopg.OperationalError | OSError)
+        if self.dialect == "postgresql":  # a standby, say: _run closes the session
+            lost = lost or read_only_server(e, reported(self._connection))
         lost = lost or (
             isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
         )

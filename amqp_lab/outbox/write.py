@@ -27,6 +27,7 @@ import psycopg
 
 from amqp_lab.dedup.base import HandlerDb
 from amqp_lab.dedup.ddl import create_missing
+from amqp_lab.dedup.read_only import read_only_server, reported
 from amqp_lab.errors import OutboxError, OutboxUnavailable
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox.row import RowValues, row_values
@@ -102,9 +103,10 @@ def handler_db(connection: Any) -> HandlerDb:
     )
 
 
-def _run(what: str, work: Callable[[], Any]) -> Any:
+def _run(what: str, work: Callable[[], Any], db: HandlerDb) -> Any:
     """``work()`` with the driver's errors as OutboxError (OutboxUnavailable when the
-    database cannot be reached or is locked past its busy timeout)."""
+    database cannot be reached, is locked past its busy timeout, or ``db``'s session takes no
+    writes: a standby after a failover, :mod:`amqp_lab.dedup.read_only`)."""
     try:
         return work()
     except (psycopg.OperationalError, sqlite3.OperationalError) as e:
@@ -122,7 +124,8 @@ def _run(what: str, work: Callable[[], Any]) -> Any:
             "amqp_lab.outbox.create_schema, or start amqp-lab-relay once)"
         ) from e
     except (psycopg.Error, sqlite3.Error) as e:
-        raise OutboxError(f"cannot {what}: {' '.join(str(e).split())}") from e
+        kind = OutboxUnavailable if read_only_server(e, reported(db.connection)) else OutboxError
+        raise kind(f"cannot {what}: {' '.join(str(e).split())}") from e
 
 
 def add(
@@ -168,7 +171,7 @@ def add(
         params = (*_columns(values), now, values.due_at, available)
         return bool(db.execute(_ADD_SQLITE, params).rowcount == 1)
 
-    return bool(_run(f"add message_id={message.message_id!r} to the outbox", insert))
+    return bool(_run(f"add message_id={message.message_id!r} to the outbox", insert, db))
 
 
 def _columns(values: RowValues) -> tuple[Any, ...]:
@@ -215,7 +218,7 @@ def cancel(
             return CancelResult.NOT_FOUND
         return CancelResult.IN_FLIGHT if left[0] is None else CancelResult.SENT
 
-    result: CancelResult = _run(f"cancel message_id={message_id!r}", delete)
+    result: CancelResult = _run(f"cancel message_id={message_id!r}", delete, db)
     return result
 
 
@@ -233,7 +236,7 @@ def create_schema(connection: Any) -> None:
             return
         _create(db)
 
-    _run("create the outbox tables", create)
+    _run("create the outbox tables", create, db)
 
 
 def _create(db: HandlerDb) -> None:
