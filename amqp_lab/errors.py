@@ -44,6 +44,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreVhostMismatch",
     "TopologyError",
+    "TransactionTimedOut",
     "TransientError",
     "UnencodableMessage",
     "VhostAccessDenied",
@@ -242,6 +243,15 @@ class BusinessError(HandlerError):
 class TransientError(HandlerError):
     """A temporary condition (timeout, HTTP 503 or 429). The delivery is retried a bounded number
     of times, then dead-lettered."""
+
+
+class TransactionTimedOut(TransientError):
+    """PostgreSQL ended the dedup store's transaction while a handler held it: idle longer than
+    the server's ``idle_in_transaction_session_timeout`` (SQLSTATE 25P03) or open longer than
+    its ``transaction_timeout`` (PostgreSQL 17, 25P04). Nothing of it was committed. The
+    handler's failure, retried a bounded number of times and then dead-lettered: not an outage
+    of the store, whose retries would run the handler again and again until the worker
+    stopped, and then on the next worker (:mod:`amqp_lab.dedup.timeouts`)."""
 
 
 class InvalidMessage(BusinessError):

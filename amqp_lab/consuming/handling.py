@@ -24,7 +24,7 @@ from amqp_lab.consuming.observer import NO_OBSERVER, ConsumerObserver
 from amqp_lab.consuming.settlement import Action, attempt_number, classify, decide
 from amqp_lab.consuming.store_retry import StoreRetry
 from amqp_lab.dedup import DedupStore
-from amqp_lab.errors import DedupStoreError, PoisonMessage
+from amqp_lab.errors import DedupStoreError, PoisonMessage, TransactionTimedOut
 from amqp_lab.message import FIRST_SEEN_HEADER, Task
 
 __all__ = ["HandlerRunner"]
@@ -163,7 +163,9 @@ class HandlerRunner:
             d.first_seen_at = self._call("first_seen", first_seen)
 
     def _run(self, work: list[Delivery]) -> None:
-        """Claim + handler for each delivery, in one transaction when batching."""
+        """Claim + handler for each delivery, in one transaction when batching; a batch whose
+        transaction the database ended for a time limit of its own (TransactionTimedOut) runs
+        again one delivery at a time."""
         batched = self.config.ack_batch > 1 and len(work) > 1
         process_batch = getattr(self.store, "process_batch", None)
         if batched and process_batch is not None:
@@ -172,13 +174,19 @@ class HandlerRunner:
                 for d in work
                 if d.task is not None
             ]
-            results: list[bool | BaseException] = self._call(
-                "process_batch", functools.partial(process_batch, pairs)
-            )
-            for d, result in zip(work, results, strict=True):
-                d.duplicate = result is False
-                d.error = result if isinstance(result, BaseException) else None
-            return
+            try:
+                results: list[bool | BaseException] = self._call(
+                    "process_batch", functools.partial(process_batch, pairs)
+                )
+            except TransactionTimedOut as e:
+                # the server ended the batch's transaction (nothing committed): each delivery
+                # runs again alone, so the time limit fails only the handler that overran it
+                log.warning("%s; the batch's %d deliveries run again one by one", e, len(work))
+            else:
+                for d, result in zip(work, results, strict=True):
+                    d.duplicate = result is False
+                    d.error = result if isinstance(result, BaseException) else None
+                return
         for d in work:
             assert d.task is not None and d.message_id is not None
             work_fn = self._work(d, d.task)

@@ -31,7 +31,13 @@ from amqp_lab.dedup.ddl import create_missing
 from amqp_lab.dedup.keepalive import DEFAULT_KEEPALIVE, PgKeepalive
 from amqp_lab.dedup.pooler import prepared_elsewhere
 from amqp_lab.dedup.read_only import READ_ONLY_SQLSTATE, read_only_server, reported
-from amqp_lab.errors import DedupStoreError, StoreUnavailable, TransientError
+from amqp_lab.dedup.timeouts import server_timeout, timed_out
+from amqp_lab.errors import (
+    DedupStoreError,
+    StoreUnavailable,
+    TransactionTimedOut,
+    TransientError,
+)
 from amqp_lab.settings import mask_secrets, mask_url
 
 __all__ = ["PostgresDedupStore"]
@@ -133,7 +139,12 @@ class PostgresDedupStore(SqlStore):
         this thread's) is read-only - a standby, ``default_transaction_read_only``
         (:func:`read_only_server`) - is kept the same way, and the connection is closed when the
         transaction ends (a session read-only from its start refuses the store's own claim,
-        which comes first); a transaction the handler made read-only itself is the handler's."""
+        which comes first); a transaction the handler made read-only itself is the handler's.
+        So is the server ending the transaction for a limit of its own
+        (:mod:`amqp_lab.dedup.timeouts`): the transaction fails as TransactionTimedOut."""
+        if server_timeout(e) is not None:
+            noted.append(e)
+            return
         if read_only_server(
             e, reported(db if db is not None else getattr(self._local, "db", None))
         ):
@@ -163,7 +174,7 @@ class PostgresDedupStore(SqlStore):
         noted = self._noted()
         if e is not None:
             self._note(noted, e)
-        return noted[0] if noted else None
+        return next((n for n in noted if server_timeout(n) is None), None)
 
     def _lost(self) -> bool:
         db: psycopg.Connection[Any] | None = getattr(self._local, "db", None)
@@ -204,13 +215,23 @@ class PostgresDedupStore(SqlStore):
         try:
             yield HandlerDb(db, "postgresql", on_error=on_error)
             if noted:  # a handler caught it and returned
-                raise TransientError(f"a statement met an outage: {noted[0]}")
+                raise TransientError(f"a statement failed and the handler returned: {noted[0]}")
         except BaseException as e:
             # On a broken connection the server rolls back when the session ends.
             with suppress(psycopg.Error):
                 db.rollback()
             lost = self._lost() or (bool(noted) and isinstance(e, Exception))
             self._close_read_only(db, noted)
+            if isinstance(e, TransactionTimedOut):
+                raise
+            # the store's session ended: what ended it may show in the error that found it (a
+            # handler's other connections ending alone are the handler's own failure)
+            ended = [e] if db.closed or db.broken else []
+            timed_out = (
+                self._timed_out(what, [*ended, *noted]) if isinstance(e, Exception) else None
+            )
+            if timed_out is not None:
+                raise timed_out from e
             if lost and not isinstance(e, StoreUnavailable):
                 # the handler's statement, or a savepoint, hit the lost connection (a pooler...)
                 raise self._error(what, e) from e
@@ -226,9 +247,16 @@ class PostgresDedupStore(SqlStore):
         try:
             db.commit()
         except psycopg.Error as e:
+            timed_out = self._timed_out(f"commit to ({what})", [e])
+            if timed_out is not None:
+                raise timed_out from e
             error = self._error(f"commit to ({what})", e)
             self._close_read_only(db, self._noted())
             raise error from e
+
+    def _timed_out(self, what: str, errors: list[BaseException]) -> TransactionTimedOut | None:
+        """:func:`timed_out` for a call of this store (``what``: "claim in", ...)."""
+        return timed_out(f"cannot {what} dedup store {self.location}", errors)
 
     def _close_read_only(self, db: psycopg.Connection[Any], noted: list[BaseException]) -> None:
         """Close ``db`` when a write met its session read-only (:meth:`_note`): it would stay
@@ -254,7 +282,7 @@ class PostgresDedupStore(SqlStore):
             if cursor.rowcount == 0:
                 return False
             work(db)
-            _raise_if_aborted(self._connection(), message_id)
+            _raise_if_aborted(db.connection, message_id)  # this transaction's: no reconnect
         return True
 
     def process_batch(
@@ -330,8 +358,15 @@ class PostgresDedupStore(SqlStore):
         """Run one handler of a batch in its savepoint (:func:`run_in_savepoint`); return None
         or its error - or raise StoreUnavailable once a statement met a pooler or a read-only
         server (:meth:`_note`), whether the handler failed or caught it: the whole batch is
-        rolled back and retried, and no later handler runs."""
+        rolled back and retried, and no later handler runs; TransactionTimedOut, the same way,
+        once the server ended the store's session for a time limit of its own."""
         error = run_in_savepoint(db, "postgresql", work, check, self._local.on_error)
+        met = list(self._noted())
+        if error is not None and (db.closed or db.broken):  # the store's session, not another
+            met.insert(0, error)
+        timed_out = self._timed_out(f"run the handler of {message_id!r} in", met)
+        if timed_out is not None:  # no later handler runs on the session the server ended
+            raise timed_out from met[0]
         outage = self._outage()
         if outage is not None:
             cause = error or outage
