@@ -12,7 +12,7 @@ as a standby), keycloak#22422 (Patroni and PgBouncer, cured only by a restart),
 influxdb_iox#5570 (an RDS failover), cloudnative-pg#1254; node-mysql2#4075 answers MySQL's
 equivalent by discarding the connection. psycopg files the error under ``InternalError``,
 not ``OperationalError``, so without this test it read as a fault of the statement: the
-relay stopped, and a worker's dedup store failed every delivery.
+relay stopped, and a worker stopped at its first claim.
 
 The same SQLSTATE answers a write in a transaction the caller made read-only (``SET TRANSACTION
 READ ONLY``, psycopg's ``read_only``): that is the caller's fault, not an outage. The two are
