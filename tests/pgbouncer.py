@@ -39,9 +39,11 @@ class PgBouncer:
         mode: str = "transaction",
         pool_size: int = 1,
         ignore_options: bool = False,
+        settings: str = "",
     ) -> None:
         self.node, self.database, self.mode, self.pool_size = node, database, mode, pool_size
         self.ignore_options = ignore_options
+        self.settings = settings  # more lines for its [pgbouncer] section
         self.port = free_port()
         self.base = Path(tempfile.mkdtemp(prefix="amqp-lab-pgbouncer-"))
         self._process: subprocess.Popen[bytes] | None = None
@@ -67,6 +69,7 @@ class PgBouncer:
             "unix_socket_dir =\n"
             f"logfile = {self.base / 'pgbouncer.log'}\n"
             + ("ignore_startup_parameters = options\n" if self.ignore_options else "")
+            + self.settings
         )
         (self.base / "users.txt").write_text('"postgres" ""\n')
         if os.geteuid() == 0:

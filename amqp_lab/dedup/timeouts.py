@@ -12,6 +12,11 @@ at once, the handler run again, timed out again, until ``store_outage`` stops th
 then the next worker - while it is the handler's time that failed. The store raises
 :class:`~amqp_lab.errors.TransactionTimedOut` instead: a handler failure (retried a bounded
 number of times, then dead-lettered).
+
+PgBouncer's own ``idle_transaction_timeout`` ends the client's connection the same way, with
+SQLSTATE 08P01 and the text "idle transaction timeout" (seen with PgBouncer 1.18): that one
+answer is recognised too, by both. PgBouncer's other limits are not (a ``query_timeout`` is a
+statement's, and another version may word them otherwise): they read as a lost connection.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ import psycopg
 
 from amqp_lab.errors import TransactionTimedOut
 
-__all__ = ["TIMEOUT_SETTINGS", "server_timeout", "timed_out"]
+__all__ = ["POOLER_TIMEOUTS", "TIMEOUT_SETTINGS", "server_timeout", "timed_out"]
 
 TIMEOUT_SETTINGS = {
     "25P03": "idle_in_transaction_session_timeout",
     "25P04": "transaction_timeout",
 }
 """SQLSTATE -> the server setting whose limit ended the transaction."""
+
+POOLER_TIMEOUTS = {("08P01", "idle transaction timeout"): "PgBouncer's idle_transaction_timeout"}
+"""(SQLSTATE, primary message) -> the pooler's setting whose limit ended the connection."""
 
 
 def server_timeout(error: BaseException | None) -> str | None:
@@ -36,6 +44,11 @@ def server_timeout(error: BaseException | None) -> str | None:
     while error is not None and seen < 8:  # a handler's wrapper, at most a few levels
         if isinstance(error, psycopg.Error) and error.sqlstate in TIMEOUT_SETTINGS:
             return TIMEOUT_SETTINGS[error.sqlstate]
+        if isinstance(error, psycopg.Error) and error.sqlstate == "08P01":
+            message = (error.diag.message_primary or str(error)).strip()
+            pooler = POOLER_TIMEOUTS.get((error.sqlstate, message))
+            if pooler is not None:
+                return pooler
         error = error.__cause__ or error.__context__
         seen += 1
     return None

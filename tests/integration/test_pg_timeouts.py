@@ -6,7 +6,7 @@ once, the handler run again and timed out again until ``store_outage`` stopped t
 the redelivered message then stopped the next worker. Now it is the handler's failure
 (TransactionTimedOut, a TransientError): retried a bounded number of times and dead-lettered,
 nothing of it committed, the worker and the rest of the queue going on
-(:mod:`amqp_lab.dedup.timeouts`)."""
+(:mod:`amqp_lab.dedup.timeouts`). PgBouncer's ``idle_transaction_timeout`` too."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from amqp_lab.errors import DedupStoreError, TransactionTimedOut, TransientError
 from amqp_lab.message import Task
 from amqp_lab.settings import BrokerSettings
 from lab.handler import lab_handler
+from lab.pg_node import PgNode, PgNodeError, find_bin_dir
 from tests.integration.test_failure_model import Running
+from tests.pgbouncer import PgBouncer, unavailable
 from tests.pgsupport import ADMIN_URL, temp_database
 from tests.support import consumer_config, publish, ready_count, wait_for
 
@@ -218,3 +220,33 @@ def test_a_handler_holding_the_transaction_past_the_limit_is_dead_lettered_the_w
     assert ready_count(topology, "q:tasks") == 0
     fallback = "deliveries run again one by one" in caplog.text
     assert fallback == (ack_batch > 1)  # slow-1's batch ran again alone, not charged to the rest
+
+
+@pytest.mark.timeout(90)
+def test_pgbouncers_idle_transaction_timeout_is_the_handlers_failure_too() -> None:
+    """PgBouncer ends the client's connection with its own answer (08P01, "idle transaction
+    timeout"): the same failure of the handler, not an outage."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        find_bin_dir()
+    except PgNodeError as e:
+        pytest.skip(f"a PostgreSQL of the test's own is needed behind the pooler: {e}")
+    with PgNode() as node:
+        node.create_database("app")
+        settings = f"idle_transaction_timeout = {int(LIMIT)}\n"
+        with PgBouncer(node, "app", settings=settings) as bouncer:
+            with psycopg.connect(bouncer.url, prepare_threshold=None) as db:
+                db.execute("CREATE TABLE writes(message_id TEXT PRIMARY KEY)")
+            store = PostgresDedupStore(bouncer.url, prepare=False)
+            try:
+                for handler in (waits_then_returns, waits_then_writes):
+                    with pytest.raises(
+                        TransactionTimedOut, match="PgBouncer's idle_transaction_timeout"
+                    ):
+                        store.process_once("m", handler)
+                assert store.process_once("m", lambda db: write(db, "m"))
+            finally:
+                store.close()
+            assert written(bouncer.url) == ["m"]

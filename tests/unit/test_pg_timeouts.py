@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from amqp_lab.dedup.timeouts import TIMEOUT_SETTINGS, server_timeout, timed_out
+from amqp_lab.dedup.timeouts import POOLER_TIMEOUTS, TIMEOUT_SETTINGS, server_timeout, timed_out
 from amqp_lab.errors import TransactionTimedOut, TransientError
 
 pytestmark = pytest.mark.unit
@@ -43,10 +43,15 @@ OPEN = TransactionTimeout("terminating connection due to transaction timeout")
         (OPEN, "transaction_timeout"),
         (wrapped(IDLE, 1), "idle_in_transaction_session_timeout"),
         (wrapped(OPEN, 3), "transaction_timeout"),
+        (
+            psycopg.errors.ProtocolViolation("idle transaction timeout"),
+            "PgBouncer's idle_transaction_timeout",
+        ),
     ],
 )
 def test_the_servers_time_limits(error: BaseException, setting: str) -> None:
     assert server_timeout(error) == setting
+    assert set(POOLER_TIMEOUTS.values()) == {"PgBouncer's idle_transaction_timeout"}
     assert set(TIMEOUT_SETTINGS.values()) == {
         "idle_in_transaction_session_timeout",
         "transaction_timeout",
@@ -72,6 +77,10 @@ def test_an_error_raised_while_handling_one_counts_too() -> None:
         psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
         psycopg.OperationalError("terminating connection due to idle-in-transaction timeout"),
         wrapped(psycopg.errors.QueryCanceled("statement timeout"), 2),
+        # PgBouncer's other answers on the same SQLSTATE
+        psycopg.errors.ProtocolViolation("query timeout"),
+        psycopg.errors.ProtocolViolation('prepared statement "_pg3_0" does not exist'),
+        psycopg.errors.ProtocolViolation("idle transaction timeout, and more"),
         wrapped(IDLE, 9),  # deeper than a handler's wrappers go: not looked for
         ValueError("idle-in-transaction timeout"),
         None,
