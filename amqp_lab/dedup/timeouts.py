@@ -14,8 +14,8 @@ then the next worker - while it is the handler's time that failed. The store rai
 number of times, then dead-lettered).
 
 PgBouncer's own ``idle_transaction_timeout`` ends the client's connection the same way, with
-SQLSTATE 08P01 and the text "idle transaction timeout" (seen with PgBouncer 1.18): that one
-answer is recognised too, by both. PgBouncer's other limits are not (a ``query_timeout`` is a
+SQLSTATE 08P01 and the text "idle transaction timeout" (seen with PgBouncer 1.18): that
+answer is recognised too. PgBouncer's other limits are not (a ``query_timeout`` is a
 statement's, and another version may word them otherwise): they read as a lost connection.
 """
 
@@ -38,8 +38,9 @@ POOLER_TIMEOUTS = {("08P01", "idle transaction timeout"): "PgBouncer's idle_tran
 
 
 def server_timeout(error: BaseException | None) -> str | None:
-    """The setting whose limit made PostgreSQL end the transaction (:data:`TIMEOUT_SETTINGS`),
-    when ``error`` - or the error it was raised from - is that answer; None otherwise."""
+    """The setting whose limit made PostgreSQL (:data:`TIMEOUT_SETTINGS`) or PgBouncer
+    (:data:`POOLER_TIMEOUTS`) end the transaction, when ``error`` - or the error it was raised
+    from - is that answer; None otherwise."""
     seen = 0
     while error is not None and seen < 8:  # a handler's wrapper, at most a few levels
         if isinstance(error, psycopg.Error) and error.sqlstate in TIMEOUT_SETTINGS:
