@@ -12,7 +12,7 @@ import functools
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from amqp_lab.errors import ConfigurationError, InvalidMessage, UnencodableMessage
 from amqp_lab.fieldtable import FieldTableError
@@ -35,6 +35,7 @@ __all__ = [
     "PROPERTY_NAMES",
     "REPLAYED_PROPERTIES",
     "OutgoingMessage",
+    "Publishable",
     "Task",
     "decode_body",
     "decode_json",
@@ -42,6 +43,7 @@ __all__ = [
     "header_attempts",
     "is_json",
     "message_for",
+    "not_a_short_string",
     "original_destination",
     "properties_of",
     "user_headers",
@@ -96,6 +98,25 @@ frame_too_large; checked on 3.10.8 and 4.0.5)."""
 MAX_EXPIRATION_MS = 315_360_000_000
 """The largest per-message TTL RabbitMQ accepts (ten years in milliseconds; measured on 3.10.8
 and 4.0.5: one more is refused with 406 PRECONDITION_FAILED, which closes the channel)."""
+
+
+class Publishable(Protocol):
+    """What a publisher's I/O thread reads of a publish whose properties are already sealed:
+    its destination, body and message_id. An :class:`OutgoingMessage` is one; so is an outbox
+    row (:class:`amqp_lab.outbox.row.OutboxRow`), which the relay publishes without making a
+    message of it (:mod:`amqp_lab.outbox.sealing`)."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def exchange(self) -> str: ...
+
+    @property
+    def routing_key(self) -> str: ...
+
+    @property
+    def body(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,7 @@ class OutgoingMessage:
                 self.message_id,
             )
         for name, value in (("exchange", self.exchange), ("routing key", self.routing_key)):
-            problem = _not_a_short_string(value)
+            problem = not_a_short_string(value)
             if problem:  # pika would fail inside basic.publish, looking like a lost connection
                 raise UnencodableMessage(
                     f"message_id={self.message_id!r}: the {name} {problem}", self.message_id
@@ -176,7 +197,7 @@ class OutgoingMessage:
         return sealed
 
 
-def _not_a_short_string(value: Any) -> str | None:
+def not_a_short_string(value: Any) -> str | None:
     """Why ``value`` cannot be an AMQP short string (exchange, routing key), or None."""
     if not isinstance(value, str):
         return f"must be a str, not {type(value).__name__}"

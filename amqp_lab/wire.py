@@ -14,13 +14,14 @@ dead-letters such a delivery as a business error instead of losing its connectio
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import pika.spec
 
 from amqp_lab.fieldtable import FieldTableError, decode_table, encode_table
 
-__all__ = ["AmqpProperties", "install"]
+__all__ = ["AmqpProperties", "PropertiesTemplate", "SealedProperties", "install"]
 
 # (attribute, kind) in flag order, bit 15 first: s short string, F table, o octet, Q timestamp
 _FIELDS = (
@@ -167,6 +168,85 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
             self.header_error = str(e)
             return None, end
         return table, after
+
+
+class SealedProperties:
+    """Basic properties already encoded (``data``: the flags word and the property list, what
+    :meth:`AmqpProperties.encode` returns, joined), holding only what pika's content-header
+    frame asks of a properties object: ``INDEX`` and ``encode()``. Made by
+    :meth:`PropertiesTemplate.seal`, for a publisher that encodes without a properties
+    object per message (the outbox relay)."""
+
+    __slots__ = ("data",)
+    INDEX = pika.spec.BasicProperties.INDEX
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def encode(self) -> list[bytes]:
+        """The encoded properties as a new list (pika inserts the frame header into it)."""
+        return [self.data]
+
+
+_HEADERS_FLAG, _MESSAGE_ID_FLAG, _TIMESTAMP_FLAG = 0x2000, 0x0080, 0x0040
+
+
+@dataclass(frozen=True)
+class PropertiesTemplate:
+    """The encoded basic properties of messages that differ only in their headers, message_id
+    and (when ``timestamp`` is None) timestamp: the other properties encoded once, by
+    :meth:`AmqpProperties.encode` itself, in the three runs of the wire order those three
+    fields split them into (``head``: content_type, content_encoding; ``middle``:
+    delivery_mode to expiration; ``tail``: type to cluster_id). ``flags``: their flag bits
+    and message_id's (and timestamp's when it is fixed); ``timestamp``: the fixed timestamp's
+    8 bytes, or None for the time of sealing."""
+
+    flags: int
+    head: bytes
+    middle: bytes
+    timestamp: bytes | None
+    tail: bytes
+
+    @classmethod
+    def of(cls, properties: AmqpProperties) -> PropertiesTemplate:
+        """The template of ``properties`` (their headers and message_id are not looked at; a
+        timestamp of None means the time of each :meth:`seal`). Raises FieldTableError as
+        :meth:`AmqpProperties.encode` does."""
+
+        def run(*names: str) -> tuple[int, bytes]:
+            flags, data = AmqpProperties(**{n: getattr(properties, n) for n in names}).encode()
+            return _UNPACK_H(flags)[0], data
+
+        head_flags, head = run("content_type", "content_encoding")
+        middle_flags, middle = run(
+            "delivery_mode", "priority", "correlation_id", "reply_to", "expiration"
+        )
+        stamp_flags, stamp = run("timestamp")
+        tail_flags, tail = run("type", "user_id", "app_id", "cluster_id")
+        flags = head_flags | middle_flags | stamp_flags | tail_flags | _MESSAGE_ID_FLAG
+        return cls(flags, head, middle, stamp if stamp_flags else None, tail)
+
+    def seal(self, headers: bytes | None, message_id: str, now: int) -> SealedProperties:
+        """These properties with ``headers`` (an encoded field table, length included; None
+        for no headers property), ``message_id`` and, unless fixed, the timestamp ``now``
+        (epoch seconds): the bytes :meth:`AmqpProperties.encode` gives for the same values.
+        Raises FieldTableError for a message_id that is no short string, or a ``now`` that
+        is no timestamp."""
+        out = bytearray(self.head)
+        flags = self.flags | _TIMESTAMP_FLAG
+        if headers is not None:
+            flags |= _HEADERS_FLAG
+            out += headers
+        out += self.middle
+        _short(out, message_id, "message_id")
+        if self.timestamp is not None:
+            out += self.timestamp
+        elif isinstance(now, int) and not isinstance(now, bool) and 0 <= now < 2**64:
+            out += _PACK_Q(now)
+        else:
+            raise FieldTableError(f"property timestamp must be a non-negative integer: {now!r}")
+        out += self.tail
+        return SealedProperties(_PACK_H(flags) + out)
 
 
 def _short(out: bytearray, value: Any, name: str) -> None:

@@ -31,6 +31,7 @@ from amqp_lab.outbox.lease import Lease
 from amqp_lab.outbox.observer import RelayConfig, RelayObserver, RelayReport
 from amqp_lab.outbox.outcomes import RowResult, Verdict, describe, result_for
 from amqp_lab.outbox.row import RowUndecodable, message_of
+from amqp_lab.outbox.sealing import sealed
 from amqp_lab.outbox.trace import end_relay_span, relay_message
 from amqp_lab.publishing.observer import PublisherObserver
 from amqp_lab.publishing.pipelined import PipelinedPublisher
@@ -259,13 +260,21 @@ class Flight:
 
     def _publish(self, batch: Batch, *row_ids: int) -> None:
         """Hand ``row_ids`` (of ``batch``) to the publisher in one go; a row that is no message,
-        or finds no publisher, is settled at once."""
+        or finds no publisher, is settled at once. A plain row goes with the properties
+        :func:`~amqp_lab.outbox.sealing.sealed` encodes from its columns, any other (or every
+        row, while spans record) as the message :func:`message_of` makes of it."""
         publisher = self.publisher
         failure = OutboxUnavailable("no publisher") if publisher is None else publisher.failure
+        plain: list[tuple[Any, Any, Callable[[Any, Any], None]]] = []
         ready: list[tuple[Any, Callable[[Any, Any], None]]] = []
         spans = recording()  # once per hand-over, not per row
+        now = int(time.time())
         for row_id in row_ids:
             row = batch.lease.rows[row_id]
+            properties = None if spans or failure is not None else sealed(row, now)
+            if properties is not None:
+                plain.append((row, properties, self._callback(batch.no, row_id)))
+                continue
             try:
                 message = message_of(row)
             except RowUndecodable as e:
@@ -277,12 +286,15 @@ class Flight:
             message, span = relay_message(message, row.traceparent, row.tracestate, spans)
             batch.spans[row_id] = span
             ready.append((message, self._callback(batch.no, row_id)))
-        if not ready or publisher is None:
+        if publisher is None:
             return
         try:
-            publisher.publish_each(ready)
+            if plain:
+                publisher.publish_sealed(plain)
+            if ready:
+                publisher.publish_each(ready)
         except AmqpLabError as e:  # the publisher failed for good meanwhile
-            for _, callback in ready:
+            for callback in [c for *_, c in plain] + [c for _, c in ready]:
                 callback(None, e)
 
     def _settle(self, batch: Batch, row_id: int, error: BaseException | None, at: float) -> None:

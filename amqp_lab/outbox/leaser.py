@@ -42,7 +42,10 @@ class LeaseRequest:
     """One lease for ``owner``, ``seconds`` long on the database's clock: at most ``max_rows``
     rows and ``max_bytes`` bytes, none of ``exclude`` (row ids held) and no head of a key in
     ``held``; when no head is due, the next rows of the keys in ``tails`` (key -> the last
-    row id leased of it, while its chain runs)."""
+    row id leased of it, while its chain runs) - unless ``ahead``: taken while every batch
+    of the relay is in flight, for the batch to start once one finishes, it leases due heads
+    only (a continuation's chains would wait behind the running ones: a batch of them goes
+    at one confirm round trip per row)."""
 
     owner: str
     seconds: float
@@ -51,6 +54,7 @@ class LeaseRequest:
     exclude: tuple[int, ...] = ()
     held: tuple[str, ...] = ()
     tails: Mapping[str, int] = field(default_factory=dict)
+    ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def lease_once(store: OutboxStore, request: LeaseRequest) -> LeaseResult:
     try:
         lease = store.lease(r.owner, r.seconds, r.max_rows, r.max_bytes, r.exclude, r.held)
         continuation = False
-        if not lease.rows and r.tails:
+        if not lease.rows and r.tails and not r.ahead:
             heads = lease
             lease = store.lease_after(r.owner, r.seconds, dict(r.tails), r.max_rows, r.max_bytes)
             lease.blocked, lease.more_behind = heads.blocked, heads.more_behind
@@ -174,6 +178,13 @@ class Leaser:
             self._thread.start()
         self._done.clear()
         self._requests.put(request)
+
+    def waiting(self) -> list[int]:
+        """The rows of a result ready and not taken yet (a lease taken ahead, waiting for the
+        relay to have room for its batch): the relay renews their lease with its batches'."""
+        ready = self._pending and (not self.threaded or self._done.is_set())
+        result = self._result if ready else None
+        return [] if result is None else list(result.lease.rows)
 
     def take(self) -> LeaseResult | None:
         """The result of the request submitted, once it is ready (None before)."""

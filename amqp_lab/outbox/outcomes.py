@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from amqp_lab.errors import (
     AmqpLabError,
@@ -63,10 +63,10 @@ class Verdict(StrEnum):
     UNATTEMPTED = "unattempted"
 
 
-@dataclass(frozen=True)
-class RowResult:
+class RowResult(NamedTuple):
     """One row's outcome: ``verdict``; for ``refused`` and ``lost`` the ``error`` (one line)
-    and ``wait``, seconds before it may be leased again (``inf``: parked)."""
+    and ``wait``, seconds before it may be leased again (``inf``: parked). A named tuple: a
+    relay makes one per row it publishes."""
 
     row_id: int
     verdict: Verdict

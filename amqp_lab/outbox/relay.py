@@ -81,7 +81,7 @@ class OutboxRelay:
         self._store: OutboxStore | None = None
         self._listener: NotifyListener | None = None
         self._lock: RelayLock | None = None
-        self._next_lease = 0.0  # monotonic: lease again from then on
+        self._next_lease = self._ahead_after = 0.0  # monotonic: lease (ahead) from then on
         self._outage = StoreOutage()
         self._next_status = self._next_renew = self._started = 0.0
         self._thread: threading.Thread | None = None
@@ -158,8 +158,8 @@ class OutboxRelay:
             while not self._stopping.is_set():
                 self._wake.clear()
                 busy = self.flight.take_outcomes()
+                busy = self._leased() or busy  # a batch leased ahead goes before a record
                 busy = self._record() or busy
-                busy = self._leased() or busy
                 busy = self._lease() or busy
                 self._housekeeping()
                 now = time.monotonic()
@@ -203,10 +203,8 @@ class OutboxRelay:
         )
 
     def _on_outcome(self) -> None:
-        """Once per publish outcome (on the publisher's thread; on the loop's own when a
-        hand-over fails at once): wake the loop unless it is awake already (the loop clears
-        the event before it takes the outcomes, so one queued before a set event is seen;
-        Event.set takes a lock and notifies every time)."""
+        """Once per publish outcome, or lease result: wake the loop unless it is awake already
+        (it clears the event before taking outcomes; Event.set locks and notifies each time)."""
         if not self._wake.is_set():
             self._wake.set()
 
@@ -245,19 +243,20 @@ class OutboxRelay:
 
     # --- leasing and publishing ----------------------------------------------------------------
     def _lease(self) -> bool:
-        """Submit a lease when the relay has room and something may be due; inline (SQLite)
-        its batch starts now, ahead (PostgreSQL) when :meth:`_leased` takes its result."""
+        """Submit a lease when none is out and something may be due: for a batch to start now,
+        or ahead with every batch in flight (PostgreSQL's leaser thread; due heads only)."""
         store, now = self._store, time.monotonic()
+        ahead = len(self.flight.batches) >= self.config.batches  # its batch waits for room
         if (
             store is None
             or self._stopping.is_set()
             or self._leaser.pending
-            or len(self.flight.batches) >= self.config.batches
+            or (ahead and (not self._leaser.threaded or now < self._ahead_after))
             or self._outage.waiting(now)
             or (now < self._next_lease and not self._notified.is_set())
             or not self._hold_lock(store)
             or not self._release_leftovers(store)
-            or not self._ensure_publisher()
+            or not self.flight.ensure_publisher(self.settings, self.publisher_observer)
         ):
             return False
         self._notified.clear()
@@ -272,13 +271,18 @@ class OutboxRelay:
             tuple(self.flight.held()),
             tuple(self.flight.held_keys()) + self._held_back.keys(now),
             self.flight.tails(),
+            ahead,
         )
         self._leaser.submit(store, request)
         return self._leased()
 
     def _leased(self) -> bool:
-        """Start the batch of the lease that came back, if one did; whether one started.
-        Raises the store's error when it is no outage (OutboxError)."""
+        """Start the batch of the lease that came back, if one did and there is room (one taken
+        ahead waits); whether one started. Raises the store's error unless an outage."""
+        if len(self.flight.batches) >= self.config.batches or not self._leaser.pending:
+            return False
+        if not self.flight.ensure_publisher(self.settings, self.publisher_observer):
+            return False  # a batch leased ahead waits for a working publisher (renewed)
         result = self._leaser.take()
         if result is None:
             return False
@@ -296,6 +300,8 @@ class OutboxRelay:
         poll = self._poll(store) if store is not None else 1.0
         self._held_back.add(lease.blocked, now, min(1.0, poll), extend=lease.more_behind)
         if not lease.rows:
+            if result.request.ahead:  # every due head's key held: none ahead for a while
+                self._ahead_after = now + min(1.0, poll)
             # nothing leasable: lease again at the next due time if it comes before the poll.
             # Rows due already are held - behind a key's leased head, or leased - and become
             # leasable only when a batch is recorded (which leases at once) or another
@@ -318,9 +324,8 @@ class OutboxRelay:
         return True
 
     def _release_leftovers(self, store: OutboxStore) -> bool:
-        """After a lease that failed part way, release every lease this relay holds but its
-        batches' rows (no lease is out now, so none is taken from under the leaser); False
-        while the database is still down."""
+        """After a lease that failed part way, release every lease held but the batches' rows
+        (no lease is out now: none is taken from the leaser); False while the database is down."""
         if not self._release_owed:
             return True
         try:
@@ -332,14 +337,8 @@ class OutboxRelay:
         return True
 
     def _poll(self, store: OutboxStore) -> float:
-        """The longest sleep without a wake-up: ``poll``, or 2 s on PostgreSQL (NOTIFY wakes
-        the relay) and 0.1 s on SQLite (nothing does; a poll there is a cheap local read)."""
+        """The longest sleep without a wake-up: ``poll``, else 2 s (NOTIFY) or 0.1 s (SQLite)."""
         return self.config.poll or (2.0 if store.dialect == "postgresql" else 0.1)
-
-    def _ensure_publisher(self) -> bool:
-        """A working publisher (:meth:`Flight.ensure_publisher`). Raises the broker's refusal
-        of the credentials or the vhost."""
-        return self.flight.ensure_publisher(self.settings, self.publisher_observer)
 
     def _hold_lock(self, store: OutboxStore) -> bool:
         """SQLite: whether this relay holds the one-relay lock (taking it when free, then
@@ -359,8 +358,9 @@ class OutboxRelay:
         if store is None or self._outage.waiting(now):
             return
         try:
-            if self.flight.batches and now >= self._next_renew:
-                store.renew(self.relay_id, self.flight.in_flight(), self.config.lease)
+            if (self.flight.batches or self._leaser.pending) and now >= self._next_renew:
+                held = self.flight.in_flight() + self._leaser.waiting()
+                store.renew(self.relay_id, held, self.config.lease)
                 self._next_renew = now + self.config.lease / 3
             if now >= self._next_status:
                 self._next_status = now + self.config.status_interval

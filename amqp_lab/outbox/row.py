@@ -19,13 +19,14 @@ import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from amqp_lab.errors import ConfigurationError, UnencodableMessage
 from amqp_lab.fieldtable import FieldTableError, decode_table, encode_table
 from amqp_lab.message import KEY_HEADER, OutgoingMessage, decode_json, encode_json
 
 __all__ = [
+    "CACHED_PROPERTIES_CHARS",
     "OutboxRow",
     "RowUndecodable",
     "RowValues",
@@ -33,6 +34,7 @@ __all__ = [
     "due_seconds",
     "message_of",
     "ordering_key_of",
+    "property_fields",
     "row_values",
 ]
 
@@ -108,11 +110,12 @@ class RowValues:
     due_at: float | None
 
 
-@dataclass(frozen=True)
-class OutboxRow:
+class OutboxRow(NamedTuple):
     """A row a relay leased: ``id`` (commit order within a key), the stored columns, the
     database's ``created_at`` / ``due_at`` (epoch seconds) and ``tries`` (leases so far, this
-    one included)."""
+    one included). A named tuple, not a frozen dataclass: a relay makes one per row it
+    leases, and a frozen dataclass's constructor (a call per field) took 3 us of the 12 us
+    its leasing thread spends on a row (py-spy, 60,000 rows, docs/benchmarks.md)."""
 
     id: int
     message_id: str
@@ -238,17 +241,17 @@ def _holds(name: str, value: Any) -> bool:
     return name == "persistent" and isinstance(value, bool)
 
 
-_CACHED_PROPERTIES_CHARS = 2048
+CACHED_PROPERTIES_CHARS = 2048
 """A properties column longer than this is parsed each time, never cached: a hostile table
 (long texts, each different) cannot grow the cache past 1,024 entries of at most 2,048
 characters each, and their parsed values (up to 4 bytes a character as text: up to about
 16 MiB in all)."""
 
 
-def _property_fields(text: str) -> tuple[tuple[str, Any], ...]:
+def property_fields(text: str) -> tuple[tuple[str, Any], ...]:
     """A row's ``properties`` column as (name, value) pairs (:func:`_parse_properties`),
-    from the cache when it is short."""
-    if len(text) > _CACHED_PROPERTIES_CHARS:
+    from the cache when it is short. Raises RowUndecodable."""
+    if len(text) > CACHED_PROPERTIES_CHARS:
         return _parse_properties.__wrapped__(text)
     return _parse_properties(text)
 
@@ -284,7 +287,7 @@ def message_of(row: OutboxRow) -> OutgoingMessage:
             raise RowUndecodable(f"column {name} is not UTF-8 text")
     if not isinstance(row.body, bytes | bytearray | memoryview):
         raise RowUndecodable(f"column body is {type(row.body).__name__}, not bytes")
-    fields = dict(_property_fields(row.properties))
+    fields = dict(property_fields(row.properties))
     try:
         raw = bytes(row.headers)
         headers, end = decode_table(raw)

@@ -32,7 +32,7 @@ from amqp_lab.observability.tracing import (
     tracer,
 )
 
-__all__ = ["end_relay_span", "relay_message", "writer_context"]
+__all__ = ["end_relay_span", "relay_message", "stored_context", "writer_context"]
 
 
 def _attributes(message: OutgoingMessage, operation: str) -> dict[str, Any]:
@@ -102,9 +102,21 @@ def relay_message(
             span = None
     if not stored:
         return message, None
-    headers = {k: v for k, v in message.headers.items() if k not in TRACE_HEADERS}
-    headers.update(stored)
+    headers = stored_context(message.headers, stored["traceparent"], tracestate)
     return replace(message, headers=headers), None
+
+
+def stored_context(
+    headers: dict[str, Any], traceparent: str, tracestate: str | None
+) -> dict[str, Any]:
+    """``headers`` with a row's stored trace context (a new dict): any trace header the writer
+    put there is dropped, the stored ``traceparent`` (and ``tracestate``, when not empty) go
+    in. What a relay without an SDK publishes for a row that has one."""
+    out = {k: v for k, v in headers.items() if k not in TRACE_HEADERS}
+    out["traceparent"] = traceparent
+    if tracestate:
+        out["tracestate"] = tracestate
+    return out
 
 
 def end_relay_span(span: Span | None, error: BaseException | None) -> None:

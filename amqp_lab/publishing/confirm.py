@@ -33,7 +33,7 @@ from amqp_lab.errors import (
     MessageUnroutable,
     PublishFailed,
 )
-from amqp_lab.message import OutgoingMessage
+from amqp_lab.message import OutgoingMessage, Publishable
 
 __all__ = ["Reply", "outcome_error", "publish_and_wait"]
 
@@ -49,7 +49,7 @@ class Reply(StrEnum):
 
 
 def outcome_error(
-    reply: Reply, message: OutgoingMessage, *, tries: int = 1, detail: str = ""
+    reply: Reply, message: Publishable, *, tries: int = 1, detail: str = ""
 ) -> AmqpLabError | None:
     """The error that ends ``message``'s publish after ``tries`` publishes whose last reply was
     ``reply``: None for ACK, MessageUnroutable for RETURNED, MessageNacked for NACKED,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import collections
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from amqp_lab.errors import AmqpLabError, MessageNacked, MessageUnroutable
-from amqp_lab.message import OutgoingMessage
-from amqp_lab.publishing.batch import Outcome
+from amqp_lab.message import Publishable
 from amqp_lab.publishing.confirm import Reply, outcome_error
 
 __all__ = ["InFlight", "Pending", "outcome_name"]
@@ -23,10 +23,12 @@ _MESSAGE_SIZE = re.compile(r"message size (\d+)")
 
 @dataclass(slots=True)
 class Pending:
-    """One publish: the message, its outcome callback and what the I/O thread knows of it."""
+    """One publish: the message (an OutgoingMessage, or what the caller sealed the properties
+    of), its outcome callback (``on_outcome(message, error)``) and what the I/O thread knows
+    of it."""
 
-    message: OutgoingMessage
-    on_outcome: Outcome
+    message: Publishable
+    on_outcome: Callable[[Any, AmqpLabError | None], None]
     properties: Any = None  # sealed (encoded once) in the caller's thread
     error: AmqpLabError | None = None  # refused before sending
     tries: int = 0

@@ -42,12 +42,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from concurrent.futures import Future
+from typing import Any, cast
 
 from pika.adapters.select_connection import IOLoop
 
 from amqp_lab.connection import BlockedTime
 from amqp_lab.errors import AmqpLabError, PublishFailed, UnencodableMessage
-from amqp_lab.message import OutgoingMessage
+from amqp_lab.message import OutgoingMessage, Publishable
 from amqp_lab.observability.guard import guarded
 from amqp_lab.observability.tracing import with_current_context
 from amqp_lab.publishing.batch import Outcome, PublishBatch
@@ -164,6 +165,24 @@ class PipelinedPublisher(PublisherIo):
         for i in range(0, len(items), chunk):
             self._hand_over(items[i : i + chunk])
 
+    def publish_sealed(self, publishes: list[tuple[Publishable, Any, Outcome]]) -> None:
+        """Hand over ``(message, properties, callback)`` triples whose properties the caller
+        has already checked and encoded (an :class:`~amqp_lab.wire.AmqpProperties` after
+        ``seal()``, or a :class:`~amqp_lab.wire.SealedProperties`) and whose headers carry
+        whatever trace context they should: nothing is checked, encoded or injected here. As
+        :meth:`publish_each` otherwise (the outbox relay's path for a plain row,
+        :mod:`amqp_lab.outbox.sealing`). Raises ValueError for a message without a
+        message_id."""
+        chunk = max(1, self.window // 4)
+        items = [
+            Pending(message, callback, properties) for message, properties, callback in publishes
+        ]
+        for item in items:
+            if not item.message.message_id:
+                raise ValueError("every message needs a message_id")
+        for i in range(0, len(items), chunk):
+            self._enqueue(items[i : i + chunk])
+
     def publish(self, message: OutgoingMessage, timeout: float | None = 60) -> None:
         """Publish and wait for this message's outcome; raises it (see the module doc)."""
         self.publish_async(message).result(timeout)
@@ -184,13 +203,18 @@ class PipelinedPublisher(PublisherIo):
 
     def _hand_over(self, items: list[Pending]) -> None:
         for item in items:
-            if not item.message.message_id:
+            message = cast(OutgoingMessage, item.message)  # the public methods' Pendings
+            if not message.message_id:
                 raise ValueError("every message needs a message_id")
-            item.message = with_current_context(item.message)
+            item.message = message = with_current_context(message)
             try:
-                item.properties = item.message.sealed_properties()
+                item.properties = message.sealed_properties()
             except UnencodableMessage as e:
                 item.error = e  # resolved on the I/O thread, never sent
+        self._enqueue(items)
+
+    def _enqueue(self, items: list[Pending]) -> None:
+        """Queue ``items`` (sealed) for the I/O thread; blocks while the window is full."""
         if self._failure is not None:
             raise self._failure
         with self._room:

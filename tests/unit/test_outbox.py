@@ -262,6 +262,9 @@ def test_a_hand_over_of_many_rows_asks_about_spans_once(monkeypatch: pytest.Monk
         def publish_each(self, ready: list[Any]) -> None:
             self.handed.extend(message for message, _ in ready)
 
+        def publish_sealed(self, plain: list[Any]) -> None:
+            self.handed.extend(row for row, _, _ in plain)
+
     monkeypatch.setattr(outbox_flight, "recording", recording)
     flight = outbox_flight.Flight(RelayConfig(), NO_RELAY_OBSERVER, None, lambda: None)
     publisher = Publisher()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -78,6 +79,9 @@ class Publisher:
 
     def publish_each(self, ready: list[Any]) -> None:
         self.handed.extend(message.message_id for message, _ in ready)
+
+    def publish_sealed(self, plain: list[Any]) -> None:
+        self.handed.extend(row.message_id for row, _, _ in plain)
 
 
 def test_dropped_chains_never_go_and_are_recorded_untried_and_then_runs_before_publishing() -> None:
@@ -153,6 +157,10 @@ def test_a_lease_takes_heads_else_the_continuation_else_the_next_due_time() -> N
     idle = FakeStore(Lease())
     result = lease_once(cast(OutboxStore, idle), REQUEST)
     assert idle.calls == ["lease", "lease_after", "next_due"] and result.next_due == 3.0
+    ahead = FakeStore(Lease(), _lease(("k", [5])))  # every batch in flight: heads only
+    result = lease_once(cast(OutboxStore, ahead), replace(REQUEST, ahead=True))
+    assert ahead.calls == ["lease", "next_due"] and not result.lease.rows
+    assert not result.continuation
     down = FakeStore(Lease(), error=OutboxUnavailable("the server is restarting"))
     result = lease_once(cast(OutboxStore, down), REQUEST)
     assert isinstance(result.error, OutboxUnavailable) and not result.lease.rows
@@ -166,12 +174,15 @@ def test_a_lease_ahead_runs_on_its_own_thread_wakes_the_loop_and_takes_one_reque
     loop_store = cast(OutboxStore, object())  # never used by a threaded leaser
     leaser.submit(loop_store, REQUEST)
     assert leaser.pending and leaser.take() is None
+    assert leaser.waiting() == []  # not leased yet: nothing to renew
     with pytest.raises(RuntimeError):
         leaser.submit(loop_store, REQUEST)
     store.release.set()
     assert woken.wait(10)
+    assert leaser.waiting() == [5]  # leased, its batch not started: the relay renews it
     result = leaser.take()
     assert result is not None and list(result.lease.rows) == [5] and not leaser.pending
+    assert leaser.waiting() == []
     leaser.close(10)
     assert store.closed
 
@@ -231,6 +242,7 @@ def test_an_inline_lease_is_ready_at_once_on_the_loops_store() -> None:
     store = FakeStore(_lease(("k", [5])))
     leaser = Leaser(None, lambda: None)
     leaser.submit(cast(OutboxStore, store), REQUEST)
+    assert leaser.waiting() == [5]
     result = leaser.take()
     assert result is not None and list(result.lease.rows) == [5] and not leaser.threaded
     leaser.close(1)  # nothing to stop
