@@ -108,9 +108,7 @@ class AmqpProperties(pika.spec.BasicProperties):  # type: ignore[misc]
             _short(out, v, "message_id")
         if (v := self.timestamp) is not None:
             flags |= 0x0040
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
-                raise FieldTableError(f"property timestamp must be a non-negative integer: {v!r}")
-            out += _PACK_Q(v)
+            _timestamp(out, v)
         if (v := self.type) is not None:
             flags |= 0x0020
             _short(out, v, "type")
@@ -241,12 +239,18 @@ class PropertiesTemplate:
         _short(out, message_id, "message_id")
         if self.timestamp is not None:
             out += self.timestamp
-        elif isinstance(now, int) and not isinstance(now, bool) and 0 <= now < 2**64:
-            out += _PACK_Q(now)
         else:
-            raise FieldTableError(f"property timestamp must be a non-negative integer: {now!r}")
+            _timestamp(out, now)
         out += self.tail
         return SealedProperties(_PACK_H(flags) + out)
+
+
+def _timestamp(out: bytearray, value: Any) -> None:
+    """Append the timestamp property ``value`` (epoch seconds, 64 bits unsigned); raises
+    FieldTableError for anything else (a bool included)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+        raise FieldTableError(f"property timestamp must be a non-negative integer: {value!r}")
+    out += _PACK_Q(value)
 
 
 def _short(out: bytearray, value: Any, name: str) -> None:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 # isort: split
 # Started by another Python than the repository's .venv, scripts/_cli re-executes this file with
@@ -54,6 +55,7 @@ import psycopg
 from amqp_lab.cli.common import EXIT_OK, add_gc_option, run, settings_from_env
 from amqp_lab.cli.parser import CommandParser
 from amqp_lab.connection import open_channel
+from amqp_lab.errors import OutboxUnavailable, error_text
 from amqp_lab.gc_policy import tune_gc
 from amqp_lab.message import OutgoingMessage
 from amqp_lab.outbox import add
@@ -64,7 +66,7 @@ from amqp_lab.outbox.row import OutboxRow
 from amqp_lab.outbox.store import OutboxStore
 from amqp_lab.publishing.observer import NoPublisherObserver
 from amqp_lab.publishing.pipelined import PipelinedPublisher
-from amqp_lab.settings import BrokerSettings
+from amqp_lab.settings import BrokerSettings, mask_url
 
 BODY = b'{"payload":"' + b"x" * 240 + b'"}'  # 256 bytes, as benchmarks/bench.py
 PREFIX = "q:bench-outbox"
@@ -122,14 +124,23 @@ def outbox_database(args: argparse.Namespace) -> Iterator[str]:
             yield str(Path(tmp) / "outbox.sqlite3")
         return
     name = f"amqp_lab_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.postgres, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = args.postgres.rpartition("/")
+    admin_sql(args.postgres, f'CREATE DATABASE "{name}"')
+    parts = urlsplit(args.postgres)  # its query (sslmode=...) kept: the same server
     try:
-        yield f"{base}/{name}"
+        yield urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
     finally:
-        with psycopg.connect(args.postgres, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin_sql(args.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def admin_sql(url: str, statement: str) -> None:
+    """Run ``statement`` on the ``--postgres`` server. Raises OutboxUnavailable naming the
+    masked URL when the server cannot be reached or refuses it (one line from ``run``)."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(statement)
+    except psycopg.Error as e:
+        text = " ".join(error_text(e).split())  # libpq's lines, as one
+        raise OutboxUnavailable(f"PostgreSQL at {mask_url(url)}: {text}") from e
 
 
 def connect(url: str) -> Any:
@@ -267,10 +278,13 @@ def parse_args() -> argparse.Namespace:
     add_gc_option(parser)  # the worker's and relay's option, parsed the same way
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if min(args.messages, args.repeat, args.window, args.batch) < 1 or args.keys < 0:
-        parser.error("--messages, --repeat, --window, --batch must be >= 1, --keys >= 0")
-    if not args.rate > 0 or not args.seconds > 0:
-        parser.error("--rate and --seconds must be > 0")
+    if min(args.messages, args.repeat, args.window, args.batch, args.batches) < 1:
+        parser.error("--messages, --repeat, --window, --batch and --batches must be >= 1")
+    if args.keys < 0 or args.one_key < 0:
+        parser.error("--keys and --one-key must be >= 0")
+    # before, a latency run of no rows waited 120 s for the first, and --one-key -3 600 s
+    if not args.rate > 0 or not args.seconds > 0 or int(args.rate * args.seconds) < 1:
+        parser.error("--rate and --seconds must be > 0, with --rate x --seconds >= 1 row")
     return args
 
 

@@ -32,9 +32,27 @@ from amqp_lab.outbox.outcomes import describe
 from amqp_lab.outbox.sql import key_order
 from amqp_lab.outbox.store import OutboxStore
 
-__all__ = ["HeldBack", "LeaseRequest", "LeaseResult", "Leaser", "lease_once", "stale_chains"]
+__all__ = [
+    "AHEAD_REACH",
+    "HeldBack",
+    "LeaseRequest",
+    "LeaseResult",
+    "Leaser",
+    "lease_once",
+    "stale_chains",
+]
 
 log = logging.getLogger("amqp_lab.outbox.relay")
+
+AHEAD_REACH = 2
+"""A lease taken ahead looks for heads among the oldest due rows, at most the relay's rows in
+flight plus this many batches of them (:meth:`OutboxStore.lease` ``reach``): they lie in
+front, and the rows behind them are often its keys' next ones. Unbounded, a lease ahead with
+every key held read the whole backlog to find nothing: 30 ms with 19,000 rows pending, 75-85
+ms with 99,000, each time the relay tried one, holding the database and the leaser thread
+(the relay's next lease waited behind it: with 1,000 keys, 8% fewer msg/s than with no
+lease ahead at all). What a lease ahead misses further on, the relay's next lease (after a
+batch is recorded) finds."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +95,11 @@ def lease_once(store: OutboxStore, request: LeaseRequest) -> LeaseResult:
     empty too the next due time (:meth:`OutboxStore.next_due`). Returns store errors in the
     result (never raises them); other exceptions propagate."""
     r = request
+    reach = len(r.exclude) + AHEAD_REACH * r.max_rows if r.ahead else None
     try:
-        lease = store.lease(r.owner, r.seconds, r.max_rows, r.max_bytes, r.exclude, r.held)
+        lease = store.lease(
+            r.owner, r.seconds, r.max_rows, r.max_bytes, r.exclude, r.held, reach=reach
+        )
         continuation = False
         if not lease.rows and r.tails and not r.ahead:
             heads = lease

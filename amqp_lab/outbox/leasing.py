@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from amqp_lab.dedup.arrays import array_literal
 from amqp_lab.dedup.base import HandlerDb
@@ -21,6 +21,7 @@ from amqp_lab.outbox.admin import OutboxAdmin
 from amqp_lab.outbox.chains import Candidate, cut, plan
 from amqp_lab.outbox.db import number
 from amqp_lab.outbox.lease import Lease, leased_row
+from amqp_lab.outbox.rounds import LEASE_ROUNDS, rounds
 from amqp_lab.outbox.sql import (
     STATEMENT_CLOCK,
     after_sql,
@@ -37,15 +38,6 @@ from amqp_lab.outbox.sql import (
 
 __all__ = ["LEASE_ROUNDS", "LeaseQueries"]
 
-T = TypeVar("T")
-
-LEASE_ROUNDS = 8
-"""Most windows one lease looks through (:func:`~amqp_lab.outbox.sql.blocked_sql`): each
-skips the keys that held back the last one's rows. The relay carries the keys found
-(:attr:`Lease.blocked`) into its next leases for a second, and while a lease runs out of
-rounds (:attr:`Lease.more_behind`) it leases again at once and keeps them all, so a backlog
-behind many held-back keys is crossed lease by lease."""
-
 
 class LeaseQueries(OutboxAdmin):
     """The lease statements of :class:`~amqp_lab.outbox.store.OutboxStore` (its arguments and
@@ -59,14 +51,21 @@ class LeaseQueries(OutboxAdmin):
         max_bytes: int,
         exclude: Sequence[int] = (),
         held: Sequence[str] = (),
+        reach: int | None = None,
     ) -> Lease:
         """Lease a batch for ``owner``: the oldest due heads (:mod:`amqp_lab.outbox.sql`) and
         their keys' next ready rows as chains, at most ``max_rows`` rows and ``max_bytes``
         bytes (at least one row), none of ``exclude`` and no key of ``held`` (the relay's rows
-        and keys in flight). An empty Lease when nothing is due."""
+        and keys in flight). An empty Lease when nothing is due.
+
+        ``reach`` (PostgreSQL; SQLite ignores it): look for heads among at most that many of
+        the oldest due rows, in one window - a lease taken ahead
+        (:class:`~amqp_lab.outbox.leaser.LeaseRequest`), which may miss heads further on
+        that the relay's next lease finds; without it a lease reads past every row of a key
+        in ``held``, the whole backlog when every key is held."""
 
         def work(db: HandlerDb) -> Lease:
-            args = (owner, lease_seconds, max_rows, max_bytes, exclude, held)
+            args = (owner, lease_seconds, max_rows, max_bytes, exclude, held, reach)
             if self.relay_session:  # PostgreSQL: the lease's statement reads the clock
                 return self._lease_postgres(db, None, *args)
             now = self._now(db, relaxed=True, lease=True)
@@ -83,7 +82,7 @@ class LeaseQueries(OutboxAdmin):
             def blocked(skip: list[str]) -> tuple[list[str], list[str]]:
                 return self._blocked(db, now, 2 * max_rows, skip_ids, skip)
 
-            heads, lease.blocked, lease.more_behind = _rounds(
+            heads, lease.blocked, lease.more_behind = rounds(
                 take, blocked, lambda h: h.key, max_rows, held
             )
             if not heads:
@@ -180,6 +179,7 @@ class LeaseQueries(OutboxAdmin):
         max_bytes: int,
         exclude: Sequence[int],
         held: Sequence[str],
+        reach: int | None = None,
     ) -> Lease:
         """PostgreSQL's lease: the heads leased in one statement that returns their columns
         (:func:`~amqp_lab.outbox.sql.lease_heads_sql`: a head's body only within the batch's
@@ -194,9 +194,8 @@ class LeaseQueries(OutboxAdmin):
         clock: list[float] = [] if now is None else [now]
 
         def take(keys: list[str], skip: list[str], limit: int) -> list[Any]:
-            found = self._lease_heads(db, clock, owner, lease_seconds, exclude, skip, keys)(
-                scan, limit, share
-            )
+            heads = self._lease_heads(db, clock, owner, lease_seconds, exclude, skip, keys, reach)
+            found = heads(scan, limit, share)
             if found and not clock:
                 clock.append(number(found[0][-1]))
             return found
@@ -204,7 +203,10 @@ class LeaseQueries(OutboxAdmin):
         def blocked_of(skip: list[str]) -> tuple[list[str], list[str]]:
             return self._blocked(db, clock[0] if clock else None, scan, exclude, skip)
 
-        returned, blocked, more = _rounds(take, blocked_of, lambda r: r[2], max_rows, held)
+        if reach is None:
+            returned, blocked, more = rounds(take, blocked_of, lambda r: r[2], max_rows, held)
+        else:  # one bounded window, no rounds past the keys holding rows back
+            returned, blocked, more = take([], list(held), max_rows), [], False
         now = clock[0] if clock else None
         if now is None:  # nothing leased
             return Lease(local_now=local, blocked=blocked, more_behind=more)
@@ -264,19 +266,25 @@ class LeaseQueries(OutboxAdmin):
         exclude: Sequence[int],
         skip: list[str],
         keys: list[str],
+        reach: int | None = None,
     ) -> Callable[[int, int, int], list[Any]]:
         """One statement of :func:`~amqp_lab.outbox.sql.lease_heads_sql` - of ``keys``' heads
-        or of the window without the keys in ``skip`` - as a call of ``(scan, limit,
-        share)``; the clock is ``clock``'s one value, or the statement's own."""
+        or of the window without the keys in ``skip``, reading at most ``reach`` due rows
+        when given - as a call of ``(scan, limit, share)``; the clock is ``clock``'s one
+        value, or the statement's own."""
         at = clock[0] if clock else None
-        sql, lists = lease_heads_sql(exclude, skip, STATEMENT_CLOCK if at is None else "?", keys)
+        bounded = reach is not None and not keys
+        sql, lists = lease_heads_sql(
+            exclude, skip, STATEMENT_CLOCK if at is None else "?", keys, bounded
+        )
+        bound = (reach,) if bounded else ()
 
         def run(scan: int, limit: int, share: int) -> list[Any]:
-            if at is None:  # (lists, [scan], limit, owner, seconds, share, share)
+            if at is None:  # ([reach], lists, [scan], limit, owner, seconds, share, share)
                 window = () if keys else (scan,)
-                params = (*lists, *window, limit, owner, lease_seconds, share, share)
-            else:  # (keys, now | now, now, lists, scan), now, limit, owner, until, now, ...
-                heads = (*lists, at) if keys else (at, at, *lists, scan)
+                params = (*bound, *lists, *window, limit, owner, lease_seconds, share, share)
+            else:  # (keys, now | now, [reach], now, lists, scan), now, limit, owner, until, ...
+                heads = (*lists, at) if keys else (at, *bound, at, *lists, scan)
                 params = (*heads, at, limit, owner, at + lease_seconds, at, share, share)
             found: list[Any] = db.execute(sql, params).fetchall()
             return found
@@ -359,40 +367,3 @@ class LeaseQueries(OutboxAdmin):
             f" WHERE {chosen} AND lease_owner = ?",
             (*params, owner),
         )
-
-
-def _rounds(
-    take: Callable[[list[str], list[str], int], list[T]],
-    blocked_of: Callable[[list[str]], tuple[list[str], list[str]]],
-    key_of: Callable[[T], str | None],
-    max_rows: int,
-    held: Sequence[str],
-) -> tuple[list[T], list[str], bool]:
-    """A lease's heads, window after window (at most :data:`LEASE_ROUNDS`): ``take(keys,
-    skip, limit)`` takes at most ``limit`` heads - of ``keys`` when given, else of the
-    window without the keys in ``skip``. After a window short of ``max_rows``,
-    ``blocked_of(skip)`` names the keys holding back its rows, and those of them whose head
-    can go now (a key's head retried or falling due sorts after its own due rows): those
-    heads are tried directly, and the next window skips every such key. Returns the heads,
-    the keys still holding back rows, and whether the rounds ran out with the last window
-    still full of held-back rows (what lies beyond it is for the next lease)."""
-    heads: list[T] = []
-    skip, blocked, ready = list(held), list[str](), list[str]()
-    more = False
-    for round_no in range(LEASE_ROUNDS):
-        for keys in (ready, []) if ready else ([],):
-            found = take(keys, skip, max_rows - len(heads))
-            heads += found
-            if len(heads) >= max_rows:
-                break
-            skip += [k for k in map(key_of, found) if k is not None]
-        if len(heads) >= max_rows:
-            break
-        found_blocked, ready = blocked_of(skip)
-        if not found_blocked:
-            break
-        blocked += found_blocked
-        skip += found_blocked
-        more = round_no == LEASE_ROUNDS - 1
-    mine = {key_of(h) for h in heads}
-    return heads, [k for k in blocked if k not in mine], more

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pika.adapters.select_connection import IOLoop
 
@@ -65,6 +66,8 @@ __all__ = [
     "PipelinedPublisher",
     "PublishBatch",
 ]
+
+T = TypeVar("T")
 
 
 class PipelinedPublisher(PublisherIo):
@@ -160,10 +163,8 @@ class PipelinedPublisher(PublisherIo):
         error)`` called on the I/O thread with its own outcome, without a Future per message
         (the outbox relay's path); blocks while the window is full. A callback must not
         publish: it runs on the I/O thread, which alone frees window room."""
-        chunk = max(1, self.window // 4)
-        items = [Pending(message, callback) for message, callback in messages]
-        for i in range(0, len(items), chunk):
-            self._hand_over(items[i : i + chunk])
+        for part in self._chunks([Pending(message, callback) for message, callback in messages]):
+            self._hand_over(part)
 
     def publish_sealed(self, publishes: list[tuple[Publishable, Any, Outcome]]) -> None:
         """Hand over ``(message, properties, callback)`` triples whose properties the caller
@@ -173,15 +174,14 @@ class PipelinedPublisher(PublisherIo):
         :meth:`publish_each` otherwise (the outbox relay's path for a plain row,
         :mod:`amqp_lab.outbox.sealing`). Raises ValueError for a message without a
         message_id."""
-        chunk = max(1, self.window // 4)
         items = [
             Pending(message, callback, properties) for message, properties, callback in publishes
         ]
         for item in items:
             if not item.message.message_id:
                 raise ValueError("every message needs a message_id")
-        for i in range(0, len(items), chunk):
-            self._enqueue(items[i : i + chunk])
+        for part in self._chunks(items):
+            self._enqueue(part)
 
     def publish(self, message: OutgoingMessage, timeout: float | None = 60) -> None:
         """Publish and wait for this message's outcome; raises it (see the module doc)."""
@@ -190,10 +190,16 @@ class PipelinedPublisher(PublisherIo):
     def publish_many(self, messages: list[OutgoingMessage]) -> PublishBatch:
         """Hand over every message, pipelined and window-bounded; ``.wait()`` on the result."""
         batch = PublishBatch(len(messages))
-        chunk = max(1, self.window // 4)
-        for i in range(0, len(messages), chunk):
-            self._hand_over([Pending(m, batch._record) for m in messages[i : i + chunk]])
+        for part in self._chunks(messages):
+            self._hand_over([Pending(m, batch._record) for m in part])
         return batch
+
+    def _chunks(self, items: list[T]) -> Iterator[list[T]]:
+        """``items`` in slices of a quarter window: each hand-over takes the lock once, and
+        the I/O thread starts sending the first while the next waits for room."""
+        step = max(1, self.window // 4)
+        for i in range(0, len(items), step):
+            yield items[i : i + step]
 
     def flush(self, timeout: float | None = 120) -> None:
         """Wait until every message handed over so far has an outcome (or ``timeout`` s)."""

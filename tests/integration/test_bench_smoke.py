@@ -7,26 +7,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from amqp_lab.management import ManagementClient
 from amqp_lab.settings import BrokerSettings
 from tests.console_support import free_port
+from tests.pgsupport import ADMIN_URL, postgres_answers
 from tests.support import ROOT, one_error_line, script_env, strict_json
 
 pytestmark = pytest.mark.integration
 
-BENCH = str(ROOT / "benchmarks" / "bench.py")
 
-
-def run_bench(settings: BrokerSettings, *args: str) -> subprocess.CompletedProcess[str]:
+def run_benchmark(
+    script: str, settings: BrokerSettings, *args: str, timeout: float = 200
+) -> subprocess.CompletedProcess[str]:
+    """benchmarks/``script`` with ``args``, against the broker of ``settings``."""
     return subprocess.run(
-        [sys.executable, BENCH, *args],
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         env=script_env(settings),
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=timeout,
     )
+
+
+def run_bench(settings: BrokerSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_benchmark("bench.py", settings, *args)
 
 
 def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -121,15 +128,8 @@ def test_quorum_bench_refuses_a_queue_mode_before_touching_the_broker(
 
 @pytest.mark.timeout(240)
 def test_walltime_splits_each_path_and_counts_our_units(vhost: BrokerSettings) -> None:
-    result = subprocess.run(
-        [
-            *(sys.executable, str(ROOT / "benchmarks" / "walltime.py")),
-            *("--messages", "600", "--repeat", "2", "--batch", "200", "--json"),
-        ],
-        env=script_env(vhost),
-        capture_output=True,
-        text=True,
-        timeout=200,
+    result = run_benchmark(
+        "walltime.py", vhost, *("--messages", "600", "--repeat", "2", "--batch", "200", "--json")
     )
     summary = summary_of(result)
     assert summary["broker_version"] not in ("", "?")
@@ -153,6 +153,85 @@ def test_walltime_splits_each_path_and_counts_our_units(vhost: BrokerSettings) -
     assert bench_queues(vhost) == []
 
 
+def bench_databases() -> set[str]:
+    """The databases benchmarks/outbox.py creates (amqp_lab_bench_<hex>) on the test server."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'amqp_lab_bench_%'"
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("store", ["postgresql", "sqlite"])
+def test_outbox_bench_prints_its_figures_as_json(vhost: BrokerSettings, store: str) -> None:
+    """Issue 22's "the benchmark prints its figures with --json", on a real run: each figure
+    is there and consistent with its range, every row of every path was counted, and the
+    run leaves neither a queue nor a database behind."""
+    if store == "postgresql" and not postgres_answers(ADMIN_URL):
+        pytest.skip("no PostgreSQL answers (AMQP_LAB_TEST_POSTGRES)")
+    before = bench_databases() if store == "postgresql" else set()
+    result = run_benchmark(
+        "outbox.py",
+        vhost,
+        *("--store", store, "--postgres", ADMIN_URL, "--messages", "300", "--keys", "10"),
+        *("--one-key", "20", "--repeat", "2", "--batch", "50", "--rate", "40", "--seconds", "1"),
+        "--json",
+    )
+    summary = summary_of(result)
+    assert summary["store"] == store
+    assert (summary["messages"], summary["keys"], summary["one_key_messages"]) == (300, 10, 20)
+    assert (summary["repeat"], summary["batch"], summary["latency_rows"]) == (2, 50, 40)
+    for suffix in ("", "_steady"):
+        for path in ("publisher", "relay"):
+            low, high = summary[f"{path}{suffix}_msg_s_range"]
+            assert 0 < low <= summary[f"{path}{suffix}_msg_s"] <= high, (path, suffix)
+        ratio = summary[f"relay{suffix}_msg_s"] / summary[f"publisher{suffix}_msg_s"]
+        # the ratio of the unrounded medians, rounded to 3 places
+        assert summary[f"relay_vs_publisher{suffix}"] == pytest.approx(ratio, rel=0.01, abs=1e-3)
+    assert summary["relay_one_key_msg_s"] > 0
+    p50, p99, worst = (summary[f"commit_to_confirm_{p}_ms"] for p in ("p50", "p99", "max"))
+    assert 0 < p50 <= p99 <= worst
+    assert "(target >= 0.7)" in result.stdout
+    assert bench_queues(vhost) == []  # q:bench-outbox-..., deleted after each path
+    if store == "postgresql":
+        assert bench_databases() == before  # created and dropped
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (("--one-key", "-3"), "--keys and --one-key must be >= 0"),
+        (("--rate", "0.5", "--seconds", "1"), ">= 1 row"),
+        (("--batches", "0"), "--batches must be >= 1"),
+    ],
+)
+def test_outbox_bench_refuses_options_that_would_wait_for_nothing(
+    options: tuple[str, ...], expected: str
+) -> None:
+    """Before, a latency run of no rows waited 120 s for its first, --one-key -3 waited 600 s,
+    and --batches 0 ended in an unexpected ValueError: exit 2 at once now, before connecting
+    (nothing listens at the URL)."""
+    nowhere = BrokerSettings(f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F")
+    result = run_benchmark("outbox.py", nowhere, "--store", "sqlite", *options, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert expected in one_error_line(result.stderr)
+
+
+def test_outbox_bench_names_an_unreachable_postgresql_in_one_masked_line(
+    vhost: BrokerSettings,
+) -> None:
+    """The admin server refuses the connection: exit 1, one line naming the masked URL
+    (before: "unexpected OperationalError"), the password nowhere."""
+    admin = f"postgresql://postgres:bench-secret@127.0.0.1:{free_port()}/postgres"
+    result = run_benchmark("outbox.py", vhost, "--postgres", admin, "--repeat", "1", timeout=60)
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result.stderr)
+    assert line.startswith("error: PostgreSQL at postgresql://postgres:***@127.0.0.1:"), line
+    assert "Connection refused" in line and "unexpected" not in line, line
+    assert "bench-secret" not in result.stdout + result.stderr
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "command",
@@ -167,13 +246,7 @@ def test_a_benchmark_with_no_broker_says_so_in_one_line(command: tuple[str, ...]
     traceback, the password nowhere."""
     settings = BrokerSettings(f"amqp://guest:bench-secret@127.0.0.1:{free_port()}/%2F")
     script, *options = command
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *options, "--repeat", "1"],
-        env=script_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    result = run_benchmark(script, settings, *options, "--repeat", "1", timeout=100)
     assert result.returncode == 1, result.stderr
     line = one_error_line(result.stderr)
     assert "cannot connect" in line and "127.0.0.1" in line, line

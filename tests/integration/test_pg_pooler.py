@@ -34,7 +34,7 @@ from tests.support import NAMES, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failure_model, pytest.mark.no_plain_consumer]
 
-DEFAULTS = {"synchronous_commit": "on", "enable_seqscan": "on", "lock_timeout": "0"}
+DEFAULTS = {"synchronous_commit": "on", "enable_seqscan": "on", "lock_timeout": "0", "jit": "on"}
 
 
 @pytest.fixture
@@ -87,6 +87,7 @@ def test_a_direct_connection_gets_the_relays_settings_at_its_start(node: PgNode)
             "synchronous_commit": "off",
             "enable_seqscan": "off",
             "lock_timeout": "2500ms",
+            "jit": "off",
         }
         assert store_settings(operator) == DEFAULTS | {"lock_timeout": "10s"}
         assert settings(url) == DEFAULTS  # nobody else's
@@ -417,6 +418,7 @@ def test_a_role_that_may_not_read_pg_settings_gets_its_settings_per_transaction(
             "synchronous_commit": "on",  # a relay's own, per call (see the pooled relay test)
             "enable_seqscan": "on",
             "lock_timeout": "2500ms",
+            "jit": "on",
         }
     finally:
         store.close()

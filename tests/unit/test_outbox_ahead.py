@@ -13,7 +13,7 @@ import pytest
 
 from amqp_lab.errors import PublishFailed
 from amqp_lab.outbox.lease import Lease
-from amqp_lab.outbox.leaser import Leaser
+from amqp_lab.outbox.leaser import AHEAD_REACH, Leaser
 from amqp_lab.outbox.observer import RelayConfig
 from amqp_lab.outbox.relay import OutboxRelay
 from amqp_lab.outbox.store import OutboxStore
@@ -34,11 +34,20 @@ class Store:
         self.leases = list(leases)
         self.calls: list[tuple[str, Any]] = []
         self.recorded: list[list[int]] = []
+        self.reaches: list[int | None] = []
 
     def lease(
-        self, owner: str, seconds: float, rows: int, size: int, exclude: Any, held: Any
+        self,
+        owner: str,
+        seconds: float,
+        rows: int,
+        size: int,
+        exclude: Any,
+        held: Any,
+        reach: int | None = None,
     ) -> Lease:
         self.calls.append(("lease", (tuple(exclude), tuple(held))))
+        self.reaches.append(reach)
         return self.leases.pop(0) if self.leases else Lease()
 
     def lease_after(self, owner: str, seconds: float, tails: dict[str, int], *args: Any) -> Lease:
@@ -110,6 +119,8 @@ def test_a_full_relay_leases_heads_ahead_and_starts_them_when_a_batch_finishes()
     _leased(relay, woken)
     # ahead: heads only, without k (held) - no continuation of k asked for
     assert store.calls == [("lease", ((), ())), ("lease", ((1,), ("k",)))]
+    # ... among at most the row in flight and two batches of the oldest due rows
+    assert store.reaches == [None, 1 + AHEAD_REACH * 1]
     assert not relay._leased() and relay._leaser.pending  # no room: it waits, leased
     assert relay._leaser.waiting() == [2]
     relay._next_renew = 0.0
@@ -135,6 +146,7 @@ def test_a_relay_with_room_asks_for_the_continuation_of_the_keys_in_flight() -> 
         ("lease_after", {"k": 1}),  # no head due: k's next rows, to go after row 1
         ("next_due", None),  # none either
     ]
+    assert store.reaches == [None, None]  # leases with room read as far as they need
     assert relay._leaser.waiting() == []  # empty leases are no rows to renew
     assert not relay._leased() and not relay._leaser.pending  # the empty result, taken
 

@@ -1,6 +1,6 @@
 """The relay's leases ahead of its loop (amqp_lab.outbox.leaser), the batch a stale
 continuation leaves untried (Flight.start's ``drop``), and a lease's windows past the keys
-that hold back due rows (amqp_lab.outbox.leasing._rounds): no database, no broker."""
+that hold back due rows (amqp_lab.outbox.rounds): no database, no broker."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from amqp_lab.outbox.leaser import (
     lease_once,
     stale_chains,
 )
-from amqp_lab.outbox.leasing import LEASE_ROUNDS, _rounds
 from amqp_lab.outbox.observer import NO_RELAY_OBSERVER, RelayConfig
 from amqp_lab.outbox.outcomes import Verdict
+from amqp_lab.outbox.rounds import LEASE_ROUNDS, rounds
 from amqp_lab.outbox.row import OutboxRow, row_values
 from amqp_lab.outbox.store import OutboxStore
 
@@ -126,7 +126,7 @@ class FakeStore:
         self.release = threading.Event()
         self.release.set()
 
-    def lease(self, *args: Any) -> Lease:
+    def lease(self, *args: Any, **options: Any) -> Lease:
         self.release.wait(10)
         self.calls.append("lease")
         if self.error is not None:
@@ -263,7 +263,7 @@ def test_a_lease_looks_past_held_back_keys_and_tries_the_heads_that_can_go() -> 
     def blocked_of(skip: list[str]) -> tuple[list[str], list[str]]:
         return ([], []) if "k" in skip else (["j", "k"], ["j"])
 
-    heads, blocked, more = _rounds(take, blocked_of, lambda h: h.split("-")[0], 10, ["held"])
+    heads, blocked, more = rounds(take, blocked_of, lambda h: h.split("-")[0], 10, ["held"])
     assert heads == ["j-head", "o1"] and more is False  # the third window held nothing back
     assert calls == [([], ["held"]), (["j"], ["held", "j", "k"]), ([], ["held", "j", "k", "j"])]
     assert blocked == ["k"]  # j is this lease's now
@@ -279,10 +279,10 @@ def test_a_lease_stops_after_its_rounds_or_a_full_batch() -> None:
     def endless(skip: list[str]) -> tuple[list[str], list[str]]:
         return [f"k{len(skip)}"], []
 
-    heads, blocked, more = _rounds(take, endless, lambda h: h, 5, [])
+    heads, blocked, more = rounds(take, endless, lambda h: h, 5, [])
     assert heads == [] and len(taken) == LEASE_ROUNDS and len(blocked) == LEASE_ROUNDS
     assert more is True  # the last window was still full: the relay leases again at once
-    full, _, more = _rounds(lambda k, s, n: ["a", "b"][:n], endless, lambda h: h, 2, [])
+    full, _, more = rounds(lambda k, s, n: ["a", "b"][:n], endless, lambda h: h, 2, [])
     assert full == ["a", "b"] and more is False
 
 

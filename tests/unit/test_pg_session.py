@@ -22,7 +22,7 @@ def test_a_relays_settings_and_its_lock_timeout_are_startup_options() -> None:
     settings = [("lock_timeout", "10000ms"), *RELAY_SETTINGS]
     assert startup_options(settings, URL, {}) == {
         "options": "-c lock_timeout=10000ms -c synchronous_commit=off"
-        " -c enable_bitmapscan=off -c enable_seqscan=off"
+        " -c enable_bitmapscan=off -c enable_seqscan=off -c jit=off"
     }
 
 
