@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 # isort: split
 # Started by another Python than the repository's .venv, scripts/_cli re-executes this file with
@@ -125,11 +125,20 @@ def outbox_database(args: argparse.Namespace) -> Iterator[str]:
         return
     name = f"amqp_lab_bench_{uuid.uuid4().hex[:10]}"
     admin_sql(args.postgres, f'CREATE DATABASE "{name}"')
-    parts = urlsplit(args.postgres)  # its query (sslmode=...) kept: the same server
     try:
-        yield urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+        yield database_url(args.postgres, name)
     finally:
         admin_sql(args.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def database_url(admin: str, name: str) -> str:
+    """The URL of database ``name`` on the server of the URL ``admin``, its query
+    (``sslmode=...``) kept. ``//`` always follows the scheme: ``urlunsplit`` drops it when
+    there is no host (``postgresql:///postgres``, the local socket), and libpq refuses
+    ``postgresql:/name``."""
+    parts = urlsplit(admin)
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme}://{parts.netloc}/{name}{query}"
 
 
 def admin_sql(url: str, statement: str) -> None:

@@ -21,7 +21,7 @@ class Lease:
     (:func:`~amqp_lab.outbox.sql.blocked_sql`) - for the relay to skip for a while (a key
     whose head could go but did not fit the batch, or lost it to another relay, is among them
     too: it waits that while); ``more_behind``: the lease stopped after
-    :data:`~amqp_lab.outbox.leasing.LEASE_ROUNDS` windows with its window still full of held-back
+    :data:`~amqp_lab.outbox.rounds.LEASE_ROUNDS` windows with its window still full of held-back
     rows, so due rows of other keys may lie beyond it - the relay leases again at once,
     skipping ``blocked``."""
 

@@ -300,7 +300,7 @@ class OutboxRelay:
         poll = self._poll(store) if store is not None else 1.0
         self._held_back.add(lease.blocked, now, min(1.0, poll), extend=lease.more_behind)
         if not lease.rows:
-            if result.request.ahead:  # every due head's key held: none ahead for a while
+            if result.request.ahead:  # no head within its reach: none ahead for a while
                 self._ahead_after = now + min(1.0, poll)
             # nothing leasable: lease again at the next due time if it comes before the poll.
             # Rows due already are held - behind a key's leased head, or leased - and become
@@ -316,8 +316,8 @@ class OutboxRelay:
         if lease.more_behind:  # the window was full: what lies beyond it is for the next lease
             self._next_lease = 0.0
         elif len(lease.rows) < cfg.batch_rows and not self._recorded_since_lease:
-            # the due rows are exhausted: the next lease waits for this batch to be recorded
-            # (its keys' next rows become heads then), a NOTIFY or the poll
+            # the due rows are exhausted (or lie past an ahead lease's reach): the next lease
+            # waits for a batch to be recorded (which leases at once), a NOTIFY or the poll
             self._next_lease = now + poll
         stale = stale_chains(result, self.flight.failed_keys)
         self.flight.start(lease, stale, self._lease if self._leaser.threaded else None)
