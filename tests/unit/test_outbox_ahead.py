@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -64,6 +65,13 @@ class Store:
 
     def complete(self, owner: str, results: Any, keep_sent: bool) -> None:
         self.recorded.append(sorted(r.row_id for r in results))
+        self.calls.append(("complete", sorted((r.row_id, r.verdict.value) for r in results)))
+
+    def release_all(self, owner: str, keep: Any = ()) -> None:
+        self.calls.append(("release_all", sorted(keep)))
+
+    def forget_relay(self, owner: str) -> None:
+        self.calls.append(("forget_relay", None))
 
     def close(self) -> None:
         pass
@@ -226,3 +234,25 @@ def test_a_batch_leased_ahead_waits_for_a_working_publisher_its_rows_renewed() -
     assert store.calls[-1] == ("renew", [2])
     relay.flight.publisher = again = Publisher()  # type: ignore[assignment]
     assert relay._leased() and again.handed == ["m-2"]
+
+
+def test_a_relay_stopped_while_a_batch_leased_ahead_waits_releases_it_unpublished() -> None:
+    """Stopped with a batch in flight and the next one leased ahead, waiting for room: the
+    batch in flight is drained and recorded, the one waiting never starts (nothing of it
+    reaches the publisher), and every lease the relay holds is released - the waiting rows
+    go to the next relay at once instead of after their lease expires."""
+    store = Store(_lease(("k", [1])), _lease(("j", [2])))
+    relay, publisher, woken = _relay(store, batches=1)
+    relay.config = replace(relay.config, drain_timeout=1.0)
+    relay._lease()
+    _leased(relay, woken)
+    assert relay._leased()
+    _leased(relay, woken)
+    assert relay._leaser.waiting() == [2]  # j, leased ahead, waits for room
+    publisher.outcomes["m-1"](None, None)  # k is confirmed ...
+    relay.stop()
+    relay._shutdown()  # ... and the relay stops before the loop takes it
+    assert publisher.handed == ["m-1"]  # j never went
+    assert ("complete", [(1, "sent")]) in store.calls  # k recorded sent
+    assert store.calls[-2:] == [("release_all", []), ("forget_relay", None)]
+    assert relay.sent == 1 and relay.lost == 0
