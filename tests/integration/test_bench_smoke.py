@@ -174,6 +174,7 @@ def hostless(url: str) -> str:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.xdist_group("outbox-bench")  # one after the other: each counts the bench databases
 @pytest.mark.parametrize(
     ("store", "hostless_url"),
     [("postgresql", False), ("postgresql", True), ("sqlite", False)],
